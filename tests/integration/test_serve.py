@@ -1,0 +1,134 @@
+"""`loadwise serve` end to end: a real vLLM OpenAI server started by the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from loadwise.measure.prom import fetch_metrics, spec_counters
+from loadwise.vllm.server import free_port
+
+from .test_engine import PROMPTS
+
+START_TIMEOUT_S = 600
+
+
+def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str, Path]:
+    port = free_port()
+    step_log = tmp_path / f"steps-{port}.jsonl"
+    env = dict(os.environ, LOADWISE_STEP_LOG=str(step_log))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
+         "--max-num-seqs", "16", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"loadwise serve exited early:\n{proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, step_log
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    _stop(proc)
+    pytest.fail("loadwise serve did not become healthy")
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("loadwise serve did not stop within 60 s of Ctrl-C")
+    return out
+
+
+def _group_alive(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,pgid,cmd"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[1:] if line.split()[1] == str(pgid)]
+
+
+def _complete(url: str, prompt: str, max_tokens: int) -> str:
+    model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    r = requests.post(f"{url}/v1/completions", timeout=600, json={
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+    r.raise_for_status()
+    return str(r.json()["choices"][0]["text"])
+
+
+def test_malformed_table_rejected_before_engine_starts(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadwise.cli", "serve", "--max-k", "3",
+         "--table", "[[1, 8, 2], [6, 64, 1]]"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "overlaps the previous range" in proc.stderr + proc.stdout
+    assert time.monotonic() - t0 < 30, "rejection must not wait for an engine"
+    bad_file = tmp_path / "t.json"
+    bad_file.write_text("[[1, 8, 7]]")
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadwise.cli", "serve", "--max-k", "3", "--table", str(bad_file)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "above the engine's max k=3" in proc.stderr + proc.stdout
+
+
+def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
+    proc, url, step_log = _start_serve(tmp_path, "--max-k", "3", "--table", "[[1,1,3],[2,64,1]]")
+    pgid = proc.pid
+    try:
+        before = spec_counters(fetch_metrics(url))
+        _complete(url, engine.chat_prompt(PROMPTS[1]), 48)  # alone: batch size 1
+        with ThreadPoolExecutor(4) as pool:  # together: batch size up to 4
+            list(pool.map(lambda p: _complete(url, engine.chat_prompt(p), 48), PROMPTS))
+        counters = spec_counters(fetch_metrics(url)).minus(before)
+    finally:
+        out = _stop(proc)
+    assert "ready" in out
+    time.sleep(1)
+    assert _group_alive(pgid) == [], "engine processes survived Ctrl-C"
+    steps = [json.loads(line) for line in step_log.read_text().splitlines()]
+    decode = [s for s in steps if s["num_prefill_tokens"] == 0]
+    assert {s["k_next"] for s in decode if s["batch_size"] == 1} == {3}
+    assert {s["k_next"] for s in decode if s["batch_size"] >= 2} == {1}
+    assert max(s["batch_size"] for s in steps) >= 3
+    # Steps verifying 3-token drafts exist (batch 1) and every batch>=2 step verifies <= 1 each.
+    assert any(s["draft_tokens_per_pos"][2] > 0 for s in steps if s["batch_size"] == 1)
+    for prev, cur in zip(steps, steps[1:]):
+        if prev["k_next"] == 1:
+            assert cur["draft_tokens_per_pos"][1] == 0
+    # vLLM's own Prometheus counters agree with the step log.
+    assert counters.num_draft_tokens == sum(s["num_draft_tokens"] for s in steps)
+    assert counters.num_accepted_tokens == sum(sum(s["accepted_per_pos"]) for s in steps)
+
+
+def test_greedy_matches_server_without_speculation(tmp_path: Path, engine) -> None:
+    from loadwise.policy.table import DraftLengthTable
+
+    from .conftest import MAX_K
+
+    prompts = [engine.chat_prompt(p) for p in PROMPTS]
+    engine.set_table(DraftLengthTable.fixed(MAX_K, MAX_K, 16))
+    with_spec = [c.text for c in engine.generate(prompts, max_tokens=64)]
+    proc, url, _ = _start_serve(tmp_path, "--spec-method", "none")
+    try:
+        without = [_complete(url, p, 64) for p in prompts]
+    finally:
+        _stop(proc)
+    assert with_spec == without

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from loadwise.policy.goodput import (
+    Acceptance,
+    ModelError,
+    StepTimes,
+    best_table,
+    choose,
+    goodput,
+)
+
+
+def times_from(fn, batch_sizes=(1, 2, 4, 8, 16, 32), max_k=4) -> StepTimes:
+    return StepTimes({(b, k): fn(b, k) for b in batch_sizes for k in range(max_k + 1)})
+
+
+def linear_tokens(b: int, k: int) -> float:
+    # A step costs a fixed overhead plus a per-token cost: compute-bound at large b*k.
+    return 0.05 + 0.002 * b * (1 + k)
+
+
+def test_expected_tokens_and_goodput_formula() -> None:
+    acc = Acceptance((0.8, 0.6, 0.4, 0.2))
+    assert acc.expected_tokens(0) == 1.0
+    assert acc.expected_tokens(2) == pytest.approx(2.4)
+    times = times_from(linear_tokens)
+    assert goodput(4, 2, times, acc) == pytest.approx(4 * 2.4 / (0.05 + 0.002 * 4 * 3))
+
+
+def test_from_counts_uses_prefix_acceptance_and_draft_rate() -> None:
+    acc = Acceptance.from_counts(num_drafts=100, accepted_per_pos=[80, 50, 20], num_request_steps=200)
+    assert acc.prefix_accept == (0.8, 0.5, 0.2)
+    assert acc.draft_rate == 0.5
+    assert acc.conditional() == pytest.approx((0.8, 0.625, 0.4))
+    assert acc.expected_tokens(3) == pytest.approx(1 + 0.5 * 1.5)
+
+
+def test_from_counts_rejects_nonsense() -> None:
+    with pytest.raises(ModelError, match="no drafts"):
+        Acceptance.from_counts(0, [0, 0])
+    with pytest.raises(ModelError, match="exceed"):
+        Acceptance.from_counts(10, [11])
+
+
+def test_high_acceptance_speculates_more_at_small_batch() -> None:
+    times = times_from(linear_tokens)
+    table, choices = best_table(times, Acceptance((0.9, 0.8, 0.7, 0.6)), max_batch_size=64)
+    ks = [table.lookup(b) for b in (1, 4, 16, 64)]
+    assert ks == sorted(ks, reverse=True), "k must not grow with batch size under this cost model"
+    assert ks[0] == 4 and ks[-1] < 4
+    low, _ = best_table(times, Acceptance((0.01, 0.0, 0.0, 0.0)), max_batch_size=64)
+    assert all(r.k == 0 for r in low.ranges), "useless drafts must switch speculation off"
+
+
+def test_interpolation_and_extrapolation() -> None:
+    times = StepTimes({(1, 0): 1.0, (4, 0): 4.0, (1, 1): 2.0, (4, 1): 5.0})
+    assert times.at(2, 0) == pytest.approx(2.0)
+    assert times.at(8, 0) == pytest.approx(8.0)  # follows the last slope
+    assert times.at(0.5, 0) == pytest.approx(1.0)  # never below the smallest batch
+    assert times.at(1, 0.5) == pytest.approx(1.5)  # effective draft length
+    with pytest.raises(ModelError):
+        times.at(1, 2)
+
+
+def test_incomplete_grid_is_rejected() -> None:
+    with pytest.raises(ModelError, match="missing"):
+        StepTimes({(1, 0): 1.0, (1, 1): 1.0, (2, 0): 1.0})
+    with pytest.raises(ModelError, match="must be > 0"):
+        StepTimes({(1, 0): 0.0})
+
+
+prob = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@st.composite
+def acceptances(draw: st.DrawFn) -> Acceptance:
+    cond = draw(st.lists(prob, min_size=4, max_size=4))
+    u, prev = [], 1.0
+    for c in cond:
+        prev *= c
+        u.append(prev)
+    return Acceptance(tuple(u), draw(prob))
+
+
+@st.composite
+def step_times(draw: st.DrawFn) -> StepTimes:
+    base = draw(st.floats(0.001, 1.0))
+    per_tok = draw(st.floats(0.0, 0.05))
+    noise = draw(st.lists(st.floats(0.8, 1.25), min_size=30, max_size=30))
+    it = iter(noise)
+    return times_from(lambda b, k: (base + per_tok * b * (1 + k)) * next(it))
+
+
+@given(step_times(), acceptances(), st.integers(1, 100))
+def test_choice_is_argmax(times: StepTimes, acc: Acceptance, b: int) -> None:
+    c = choose(b, times, acc)
+    scores = [goodput(b, k, times, acc) for k in range(5)]
+    assert c.goodput_tok_s == pytest.approx(max(scores))
+    assert scores[c.k] == max(scores)
+    assert c.margin >= 0
+    if c.runner_up_k is not None:
+        assert math.isclose(c.goodput_tok_s / scores[c.runner_up_k] - 1, c.margin, rel_tol=1e-9)
+
+
+@given(step_times(), acceptances())
+def test_table_matches_pointwise_choice(times: StepTimes, acc: Acceptance) -> None:
+    table, choices = best_table(times, acc, max_batch_size=40)
+    for c in choices:
+        assert table.lookup(c.batch_size) == c.k
+    assert table.max_batch_size == 40
+    assert all(0 <= r.k <= 4 for r in table.ranges)
+
+
+@given(step_times(), acceptances(), st.integers(1, 64))
+def test_zero_acceptance_never_speculates(times: StepTimes, acc: Acceptance, b: int) -> None:
+    dead = Acceptance((0.0, 0.0, 0.0, 0.0), acc.draft_rate)
+    # With nothing accepted, k>0 only costs time; it can tie (draft_rate 0) but never win.
+    assume(times.at(b, 0) <= min(times.at(b, dead.draft_rate * k) for k in range(5)))
+    assert choose(b, times, dead).k == 0
