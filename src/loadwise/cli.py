@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -31,6 +32,10 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None
     g.add_argument("--max-k", type=int, default=4,
                    help="engine's num_speculative_tokens: the largest draft length (default: 4)")
     g.add_argument("--draft-model", help="draft model directory for --spec-method draft")
+    g.add_argument("--prompt-lookup-min", type=int, default=None,
+                   help="ngram: shortest n-gram to match (default: vLLM's)")
+    g.add_argument("--prompt-lookup-max", type=int, default=None,
+                   help="ngram: longest n-gram to match (default: vLLM's)")
     g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
                    help=f"largest batch the engine schedules (default: {max_num_seqs})")
     g.add_argument("--max-model-len", type=int, default=2048)
@@ -61,6 +66,7 @@ def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
         table=table, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         kv_cache_space_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
+        prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
     )
 
 
@@ -114,6 +120,99 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from loadwise.measure.workloads import resolve_many
+    from loadwise.report import write_reports
+    from loadwise.tune import TuneConfig, run_tune
+    from loadwise.vllm.local import LocalEngine
+
+    cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
+                     steps_per_point=args.steps, acceptance_seconds=args.acceptance_seconds,
+                     acceptance_concurrency=args.acceptance_concurrency,
+                     workloads=tuple(args.workload or ("repetitive", "sharegpt")))
+    workloads = resolve_many(cfg.workloads)
+    args.max_num_seqs = max(args.max_num_seqs, max(cfg.batch_sizes))
+    spec = _engine_spec(args, None, prefix_caching=False)
+    out_dir = Path(args.out)
+    t0 = time.perf_counter()
+    console.print(f"starting vLLM ({spec.spec_method}, max k={spec.max_k}) on {spec.model} …")
+    engine = LocalEngine(spec)
+    console.print(f"engine ready in {engine.start_time_s:.0f} s")
+    total = len(cfg.batch_sizes) * cfg.rounds * (spec.max_k + 1) + len(workloads)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
+        task = prog.add_task("tuning", total=total)
+        profile = run_tune(engine, cfg, workloads,
+                           lambda what: prog.update(task, advance=1, description=what))
+    engine.shutdown()
+    profile = dataclasses.replace(
+        profile, meta={**profile.meta, "wall_s": round(time.perf_counter() - t0, 1)})
+    write_reports(profile, out_dir, console)
+    console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine start included); report in "
+                  f"{out_dir}/ (report.json, profile.json, table-*.json, heatmap-*.png)")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from loadwise.evaluate import EvalConfig, run_evaluate, save, timestamp
+    from loadwise.measure.profile import Profile
+    from loadwise.measure.workloads import resolve_many
+    from loadwise.provenance import provenance
+    from loadwise.vllm.local import LocalEngine
+
+    profile = Profile.load(args.profile)
+    cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
+                     warmup_s=args.warmup, max_tokens=args.max_tokens)
+    names = args.workload or sorted(profile.acceptance)
+    workloads = resolve_many(names)
+    for w in workloads:
+        profile.acceptance_for(w.name)  # fail now, not after an engine start
+    args.model = args.model or profile.model
+    args.max_k = profile.max_k
+    args.max_num_seqs = profile.max_num_seqs
+    spec = _engine_spec(args, None, prefix_caching=False)
+    engine = LocalEngine(spec)
+    templated = [type(w)(w.name, tuple(engine.chat_prompt(p) for p in w.prompts)) for w in workloads]
+    n_cfg = profile.max_k + 3
+    total = len(workloads) * len(cfg.loads) * cfg.repeats * n_cfg
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
+        task = prog.add_task("evaluating", total=total)
+        results = run_evaluate(engine, profile, templated, cfg,
+                               lambda what: prog.update(task, advance=1, description=what))
+    engine.shutdown()
+    results.update(provenance(), profile=str(args.profile), wall_s=round(time.perf_counter() - t0, 1),
+                   model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k)
+    json_path, png_path = save(results, Path(args.out), f"evaluate-{timestamp()}")
+    for name, res in results["workloads"].items():
+        t = Table(title=f"{name}: measured table {res['measured_table']}")
+        for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss",
+                    "measured table loss", "prediction error (measured table)"):
+            t.add_column(col, justify="right")
+        for e in res["loads"]:
+            d, m = e["configs"]["docs table"], e["configs"]["measured table"]
+            def fmt(c: dict) -> str:
+                return f"{c['loss_vs_best_fixed']:+.1%}" + (" (tie)" if c["within_noise"] else "")
+            t.add_row(str(e["load"]), e["best_fixed"], f"{e['best_fixed_tok_s']:.1f}",
+                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), f"{m['prediction_rel_error']:+.1%}")
+        console.print(t)
+    console.print(f"results: {json_path}  plot: {png_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loadwise",
@@ -141,6 +240,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
     serve.set_defaults(func=cmd_serve)
 
+    tune = sub.add_parser("tune", help="measure step times and acceptance on vLLM, compute the "
+                          "highest-throughput draft-length table")
+    _add_engine_args(tune)
+    tune.add_argument("--workload", action="append", default=None,
+                      help="built-in workload (repetitive, sharegpt/open-ended) or a prompts "
+                      "file (.jsonl/.txt); repeat for several (default: repetitive and sharegpt)")
+    tune.add_argument("--batch-sizes", type=_int_list, default=(1, 2, 4, 8, 16, 32),
+                      help="batch sizes to time (default 1,2,4,8,16,32)")
+    tune.add_argument("--rounds", type=int, default=3, help="passes over every k (default 3)")
+    tune.add_argument("--steps", type=int, default=6, help="timed steps per (b, k) per round")
+    tune.add_argument("--acceptance-seconds", type=float, default=25.0)
+    tune.add_argument("--acceptance-concurrency", type=int, default=8)
+    tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")
+    tune.set_defaults(func=cmd_tune)
+
+    ev = sub.add_parser("evaluate", help="closed-loop throughput of every fixed k, the docs' table "
+                        "and the measured table at several loads")
+    _add_engine_args(ev)
+    ev.add_argument("--profile", required=True, help="profile.json written by loadwise tune")
+    ev.add_argument("--workload", action="append", default=None,
+                    help="workloads to evaluate (default: every workload in the profile)")
+    ev.add_argument("--loads", type=_int_list, default=(1, 2, 4, 8, 16))
+    ev.add_argument("--repeats", type=int, default=3)
+    ev.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
+    ev.add_argument("--warmup", type=float, default=2.0, help="seconds discarded per cell")
+    ev.add_argument("--max-tokens", type=int, default=128)
+    ev.add_argument("--out", default="benchmarks/results")
+    ev.set_defaults(func=cmd_evaluate)
+
     demo = sub.add_parser("demo", help="serve the embedded model with a table, send two requests, "
                           "print completions and vLLM's acceptance counters")
     _add_engine_args(demo)
@@ -156,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (TableError, EngineConfigError, UsageError) as exc:
+    except (TableError, EngineConfigError, UsageError, ValueError) as exc:
+        # Our validation errors (tables, profiles, workloads, tune config) are ValueErrors
+        # whose message says what to fix.
         err.print(f"[red]error:[/] {exc}")
         return 2
     except KeyboardInterrupt:

@@ -46,8 +46,9 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.5
     dtype: str = "float32"
     seed: int = 0
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
+    # None: vLLM's own defaults (currently 5 and 5).
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
     enable_prefix_caching: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -90,8 +91,11 @@ class EngineSpec:
             "num_speculative_tokens_per_batch_size": table.to_vllm(),
         }
         if self.spec_method == "ngram":
-            cfg.update(method="ngram", prompt_lookup_min=self.prompt_lookup_min,
-                       prompt_lookup_max=self.prompt_lookup_max)
+            cfg["method"] = "ngram"
+            if self.prompt_lookup_min is not None:
+                cfg["prompt_lookup_min"] = self.prompt_lookup_min
+            if self.prompt_lookup_max is not None:
+                cfg["prompt_lookup_max"] = self.prompt_lookup_max
         else:
             cfg.update(method="draft_model", model=self.draft_model)
         return cfg

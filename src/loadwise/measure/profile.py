@@ -1,0 +1,121 @@
+"""The tune profile: raw step-time samples and acceptance counts, enough to recompute tables later
+without re-timing (new acceptance -> new table). Written by `loadwise tune`, read by
+`loadwise evaluate` and the live plugin. Validation failures say what is wrong with the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadwise.measure.stats import AcceptanceCounter, summarize
+from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, best_table
+from loadwise.policy.table import DraftLengthTable
+
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    model: str
+    spec_method: str
+    max_k: int
+    max_num_seqs: int
+    # (b, k) -> every measured step time in seconds (pure decode steps, b requests, k drafts each)
+    step_samples_s: Mapping[tuple[int, int], tuple[float, ...]]
+    # (b, k) -> mean drafts actually verified per request in those steps
+    drafts_per_req: Mapping[tuple[int, int], float]
+    acceptance: Mapping[str, AcceptanceCounter]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def step_times(self) -> StepTimes:
+        return StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()})
+
+    def acceptance_for(self, workload: str) -> Acceptance:
+        if workload not in self.acceptance:
+            raise ProfileError(
+                f"profile has no acceptance for workload {workload!r}; it has {sorted(self.acceptance)}"
+            )
+        return self.acceptance[workload].acceptance()
+
+    def table_for(self, workload: str) -> DraftLengthTable:
+        table, _ = best_table(self.step_times(), self.acceptance_for(workload), self.max_num_seqs,
+                              self.max_k)
+        return table
+
+    # --- JSON ----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "model": self.model,
+            "spec_method": self.spec_method,
+            "max_k": self.max_k,
+            "max_num_seqs": self.max_num_seqs,
+            "step_times": [
+                {"batch_size": b, "k": k, "samples_s": list(v),
+                 "drafts_per_req": self.drafts_per_req.get((b, k))}
+                for (b, k), v in sorted(self.step_samples_s.items())
+            ],
+            "acceptance": {name: c.to_json() for name, c in self.acceptance.items()},
+            "meta": dict(self.meta),
+        }
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(p)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Profile:
+        try:
+            if d.get("version") != PROFILE_VERSION:
+                raise ProfileError(
+                    f"profile version {d.get('version')!r} is not {PROFILE_VERSION}: re-run loadwise tune"
+                )
+            samples = {(int(e["batch_size"]), int(e["k"])): tuple(float(x) for x in e["samples_s"])
+                       for e in d["step_times"]}
+            drafts = {(int(e["batch_size"]), int(e["k"])): float(e["drafts_per_req"] or 0.0)
+                      for e in d["step_times"]}
+            profile = cls(
+                model=str(d["model"]), spec_method=str(d["spec_method"]), max_k=int(d["max_k"]),
+                max_num_seqs=int(d["max_num_seqs"]), step_samples_s=samples,
+                drafts_per_req=drafts,
+                acceptance={n: AcceptanceCounter.from_json(c) for n, c in d["acceptance"].items()},
+                meta=dict(d.get("meta", {})),
+            )
+        except ProfileError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"profile is malformed: {type(exc).__name__}: {exc}") from exc
+        if any(not v for v in profile.step_samples_s.values()):
+            raise ProfileError("profile has a (batch size, k) point without samples")
+        try:
+            profile.step_times()
+        except ModelError as exc:
+            raise ProfileError(f"profile step times unusable: {exc}") from exc
+        for name, c in profile.acceptance.items():
+            if c.max_k != profile.max_k:
+                raise ProfileError(f"acceptance for {name!r} has max_k {c.max_k}, profile {profile.max_k}")
+        return profile
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text())
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile {p}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile {p} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        try:
+            return cls.from_json(raw)
+        except ProfileError as exc:
+            raise ProfileError(f"{p}: {exc}") from exc

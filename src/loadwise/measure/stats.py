@@ -1,0 +1,99 @@
+"""Pure statistics over step records: step-time samples and acceptance counts."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from loadwise.measure.records import StepRecord
+from loadwise.policy.goodput import Acceptance
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    median: float
+    p25: float
+    p75: float
+    n: int
+
+    @property
+    def rel_spread(self) -> float:
+        """Inter-quartile range relative to the median."""
+        return (self.p75 - self.p25) / self.median if self.median else 0.0
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    if not samples:
+        raise ValueError("no samples to summarize")
+    s = sorted(samples)
+    if len(s) == 1:
+        return Summary(s[0], s[0], s[0], 1)
+    q = statistics.quantiles(s, n=4, method="inclusive")
+    return Summary(statistics.median(s), q[0], q[2], len(s))
+
+
+@dataclass(slots=True)
+class AcceptanceCounter:
+    """Sums vLLM's per-step spec-decode counts into prefix acceptance and draft rate.
+
+    ``u_i`` is estimated as accepted at position i / drafts that reached position i: a draft
+    shorter than i (prompt lookup near the end of the context) says nothing about position i.
+    ``request_steps`` counts decode request-steps taken while speculation was on (k > 0 chosen
+    for them), so ``draft_rate`` is the share of those that actually got a draft.
+    """
+
+    max_k: int
+    num_drafts: int = 0
+    request_steps: int = 0
+    accepted_per_pos: list[int] | None = None
+    drafted_per_pos: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.accepted_per_pos = self.accepted_per_pos or [0] * self.max_k
+        self.drafted_per_pos = self.drafted_per_pos or [0] * self.max_k
+
+    def add(self, record: StepRecord, speculating: bool = True) -> None:
+        assert self.accepted_per_pos is not None and self.drafted_per_pos is not None
+        self.num_drafts += record.num_drafts
+        if speculating:
+            self.request_steps += record.num_decode_reqs
+        for i in range(min(self.max_k, len(record.accepted_per_pos))):
+            self.accepted_per_pos[i] += record.accepted_per_pos[i]
+            self.drafted_per_pos[i] += record.draft_tokens_per_pos[i]
+
+    def add_all(self, records: Iterable[StepRecord], prev_k: int | None = None) -> None:
+        """Add a contiguous run of records; a step counts as speculating when the previous step
+        chose k > 0 for it (drafts are proposed one step ahead)."""
+        for r in records:
+            self.add(r, speculating=prev_k is None or prev_k > 0)
+            prev_k = r.k_next
+
+    def acceptance(self) -> Acceptance:
+        assert self.accepted_per_pos is not None and self.drafted_per_pos is not None
+        if self.num_drafts == 0:
+            raise ValueError("no drafts were observed: cannot estimate acceptance")
+        u: list[float] = []
+        prev = 1.0
+        for acc, drafted in zip(self.accepted_per_pos, self.drafted_per_pos):
+            # Nothing reached this position: assume no better than the last known position.
+            value = acc / drafted if drafted else 0.0
+            prev = min(prev, value)
+            u.append(prev)
+        rate = min(1.0, self.num_drafts / self.request_steps) if self.request_steps else 1.0
+        return Acceptance(tuple(u), rate)
+
+    def to_json(self) -> dict[str, object]:
+        return {"max_k": self.max_k, "num_drafts": self.num_drafts,
+                "request_steps": self.request_steps, "accepted_per_pos": self.accepted_per_pos,
+                "drafted_per_pos": self.drafted_per_pos}
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> AcceptanceCounter:
+        return cls(
+            max_k=int(d["max_k"]),  # type: ignore[call-overload]
+            num_drafts=int(d["num_drafts"]),  # type: ignore[call-overload]
+            request_steps=int(d["request_steps"]),  # type: ignore[call-overload]
+            accepted_per_pos=[int(x) for x in d["accepted_per_pos"]],  # type: ignore[attr-defined]
+            drafted_per_pos=[int(x) for x in d["drafted_per_pos"]],  # type: ignore[attr-defined]
+        )

@@ -1,0 +1,115 @@
+"""Tune report: tables, margins, goodput heatmaps (PNG) and the speculative-config snippet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loadwise.measure.profile import Profile
+from loadwise.measure.stats import summarize
+from loadwise.policy.goodput import best_table, goodput_grid
+from loadwise.policy.table import DraftLengthTable
+
+
+def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
+    times = profile.step_times()
+    acc = profile.acceptance_for(workload)
+    table, choices = best_table(times, acc, profile.max_num_seqs, profile.max_k)
+    grid = goodput_grid(times.batch_sizes, times, acc, profile.max_k)
+    return {
+        "workload": workload,
+        "table": table.to_vllm(),
+        "acceptance": {"prefix_accept": list(acc.prefix_accept), "draft_rate": acc.draft_rate,
+                       "per_position": list(acc.conditional())},
+        "choices": [
+            {"batch_size": c.batch_size, "k": c.k, "goodput_tok_s": c.goodput_tok_s,
+             "runner_up_k": c.runner_up_k, "margin": c.margin}
+            for c in choices if c.batch_size in times.batch_sizes
+        ],
+        "goodput_tok_s": [{"batch_size": b, "k": k, "value": v} for (b, k), v in sorted(grid.items())],
+        "speculative_config": speculative_config_snippet(profile, table.to_vllm()),
+    }
+
+
+def speculative_config_snippet(profile: Profile, table: list[list[int]]) -> dict[str, Any]:
+    method = "ngram" if profile.spec_method == "ngram" else "draft_model"
+    return {"method": method, "num_speculative_tokens": profile.max_k,
+            "num_speculative_tokens_per_batch_size": table}
+
+
+def heatmap(profile: Profile, report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    bs = sorted({e["batch_size"] for e in report["goodput_tok_s"]})
+    ks = list(range(profile.max_k + 1))
+    values = {(e["batch_size"], e["k"]): e["value"] for e in report["goodput_tok_s"]}
+    # Normalize per batch size: the colour shows each k relative to the best k at that load.
+    m = np.array([[values[(b, k)] / max(values[(b, kk)] for kk in ks) for b in bs] for k in ks])
+    fig, ax = plt.subplots(figsize=(1.1 * len(bs) + 2, 0.6 * len(ks) + 2))
+    im = ax.imshow(m, origin="lower", aspect="auto", cmap="viridis", vmin=min(0.5, m.min()), vmax=1)
+    for i, k in enumerate(ks):
+        for j, b in enumerate(bs):
+            ax.text(j, i, f"{values[(b, k)]:.0f}", ha="center", va="center",
+                    color="black" if m[i, j] > 0.8 else "white", fontsize=8)
+    ax.set_xticks(range(len(bs)), [str(b) for b in bs])
+    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_xlabel("batch size b")
+    ax.set_ylabel("draft length k")
+    ax.set_title(f"predicted goodput (tok/s), {report['workload']}: colour = share of best k")
+    fig.colorbar(im, ax=ax, label="goodput / best goodput at b")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(profile: Profile, out_dir: Path, console: Console) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    profile.save(out_dir / "profile.json")
+    reports = {}
+    for name in profile.acceptance:
+        rep = workload_report(profile, name)
+        reports[name] = rep
+        DraftLengthTable.parse(rep["table"], profile.max_k).dump(out_dir / f"table-{name}.json")
+        heatmap(profile, rep, out_dir / f"heatmap-{name}.png")
+        print_workload(rep, console)
+    (out_dir / "report.json").write_text(json.dumps(
+        {"profile": "profile.json", "workloads": reports, "meta": dict(profile.meta)}, indent=1))
+    print_step_times(profile, console)
+    return reports
+
+
+def print_workload(rep: dict[str, Any], console: Console) -> None:
+    acc = rep["acceptance"]
+    t = Table(title=f"workload {rep['workload']}: draft rate {acc['draft_rate']:.2f}, "
+                    f"per-position acceptance {', '.join(f'{a:.2f}' for a in acc['per_position'])}")
+    for col in ("batch size", "best k", "goodput tok/s", "runner-up k", "margin"):
+        t.add_column(col, justify="right")
+    for c in rep["choices"]:
+        t.add_row(str(c["batch_size"]), str(c["k"]), f"{c['goodput_tok_s']:.1f}",
+                  "-" if c["runner_up_k"] is None else str(c["runner_up_k"]), f"{c['margin']:.1%}")
+    console.print(t)
+    console.print(f"table for {rep['workload']}: [bold]{json.dumps(rep['table'])}[/]")
+    console.print("--speculative-config '" + json.dumps(rep["speculative_config"]) + "'")
+
+
+def print_step_times(profile: Profile, console: Console) -> None:
+    bs = sorted({b for b, _ in profile.step_samples_s})
+    t = Table(title="measured step time T(b, k), ms: median (IQR/median), drafts/req")
+    t.add_column("k \\ b", justify="right")
+    for b in bs:
+        t.add_column(str(b), justify="right")
+    for k in range(profile.max_k + 1):
+        row = []
+        for b in bs:
+            s = summarize(profile.step_samples_s[(b, k)])
+            row.append(f"{s.median * 1e3:.0f} ({s.rel_spread:.0%}) {profile.drafts_per_req[(b, k)]:.1f}")
+        t.add_row(str(k), *row)
+    console.print(t)

