@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -88,10 +89,23 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from loadwise.vllm.server import ServerProcess
 
+    extra_env: dict[str, str] = {}
+    if args.adaptive:
+        from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, load_checked_profile
+
+        if not args.profile:
+            raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
+        if args.spec_method == "none":
+            raise UsageError("--adaptive needs speculation: drop --spec-method none")
     spec = _engine_spec(args, args.table)
     if args.adaptive:
-        raise UsageError("--adaptive is not available yet in this version of loadwise")
-    server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose)
+        # Reject a corrupt or mismatched profile before any engine starts.
+        load_checked_profile(args.profile, spec.max_k, spec.model)
+        state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()
+        extra_env = {ENV_PROFILE: str(Path(args.profile).resolve()), ENV_STATE: str(state)}
+        console.print(f"adaptive tables on: profile {args.profile}, live state in {state}")
+    server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose,
+                           extra_env=extra_env)
     console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
                   f"table: {spec.effective_table()}) …")
     # Ctrl-C / SIGTERM: stop the server's whole process group, then exit.
@@ -213,6 +227,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from loadwise.measure.prom import fetch_metrics, parse_samples, spec_counters
+
+    text = fetch_metrics(args.url)
+    samples = parse_samples(text)
+    ks = samples.get("loadwise_draft_k", [])
+    if not ks:
+        console.print("no loadwise gauges on this server: it runs without --adaptive "
+                      "(static table)")
+    else:
+        ranges = sorted((int(l["start_bs"]), int(l["end_bs"]), int(v)) for l, v in ks)
+        console.print(f"live table: [bold]{json.dumps([list(r) for r in ranges])}[/]")
+        t = Table(title="loadwise live estimates")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for labels, v in sorted(samples.get("loadwise_acceptance_estimate", []),
+                                key=lambda x: int(x[0]["position"])):
+            t.add_row(f"acceptance at position {labels['position']}", f"{v:.3f}")
+        for name, label in (("loadwise_draft_rate", "draft rate"),
+                            ("loadwise_predicted_goodput_tok_s", "predicted goodput tok/s"),
+                            ("loadwise_table_changes", "table changes"),
+                            ("loadwise_adaptive_up", "controller up")):
+            for _, v in samples.get(name, []):
+                t.add_row(label, f"{v:.3g}")
+        console.print(t)
+    c = spec_counters(text)
+    rate = c.acceptance_rate
+    console.print(f"vLLM counters: {c.num_drafts} drafts, {c.num_draft_tokens} draft tokens, "
+                  f"{c.num_accepted_tokens} accepted"
+                  + ("" if rate is None else f" ({rate:.1%})"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loadwise",
@@ -236,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--adaptive", action="store_true",
                        help="rewrite the table live from acceptance counters (needs --profile)")
     serve.add_argument("--profile", help="tune output (profile.json) for --adaptive")
+    serve.add_argument("--state-file", help="where the live controller writes its state "
+                       "(default: live-state.json next to the profile)")
     serve.add_argument("--start-timeout", type=float, default=900.0)
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
     serve.set_defaults(func=cmd_serve)
@@ -250,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="batch sizes to time (default 1,2,4,8,16,32)")
     tune.add_argument("--rounds", type=int, default=3, help="passes over every k (default 3)")
     tune.add_argument("--steps", type=int, default=6, help="timed steps per (b, k) per round")
-    tune.add_argument("--acceptance-seconds", type=float, default=25.0)
+    tune.add_argument("--acceptance-seconds", type=float, default=40.0)
     tune.add_argument("--acceptance-concurrency", type=int, default=8)
     tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")
     tune.set_defaults(func=cmd_tune)
@@ -268,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-tokens", type=int, default=128)
     ev.add_argument("--out", default="benchmarks/results")
     ev.set_defaults(func=cmd_evaluate)
+
+    status = sub.add_parser("status", help="live table and estimates of a running server")
+    status.add_argument("--url", default="http://127.0.0.1:8000")
+    status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="serve the embedded model with a table, send two requests, "
                           "print completions and vLLM's acceptance counters")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
 from loadwise.measure.stats import AcceptanceCounter
-from loadwise.measure.workloads import Workload, builtin
+from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm.config import EngineSpec
 
@@ -51,7 +51,7 @@ class TuneConfig:
     rounds: int = 3  # each round visits every k once, in a rotated order (drift spreads evenly)
     steps_per_point: int = 6  # timed steps per (b, k) per round
     acceptance_concurrency: int = 8
-    acceptance_seconds: float = 25.0
+    acceptance_seconds: float = 40.0
     acceptance_max_tokens: int = 128
     seed: int = 0
     workloads: tuple[str, ...] = field(default=("repetitive", "sharegpt"))
@@ -165,8 +165,8 @@ def run_tune(
         return Workload(w.name, tuple(engine.chat_prompt(p) for p in w.prompts))
 
     t0 = time.perf_counter()
-    # Timing uses copy tasks so the drafter proposes a full k at (almost) every step.
-    timing = templated(builtin("repetitive"))
+    # Timing uses prompts that repeat a block, so the drafter proposes (nearly) full k drafts.
+    timing = timing_prompts(seed=cfg.seed)
     samples, drafts = measure_step_times(engine, cfg, timing, advance)
     timing_s = time.perf_counter() - t0
     acceptance: dict[str, AcceptanceCounter] = {}

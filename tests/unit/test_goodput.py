@@ -123,3 +123,13 @@ def test_zero_acceptance_never_speculates(times: StepTimes, acc: Acceptance, b: 
     # With nothing accepted, k>0 only costs time; it can tie (draft_rate 0) but never win.
     assume(times.at(b, 0) <= min(times.at(b, dead.draft_rate * k) for k in range(5)))
     assert choose(b, times, dead).k == 0
+
+
+def test_step_time_follows_effective_drafts() -> None:
+    # The drafter filled only 2 of 4 drafts at k=4: T(b, k=4) was really T at 2 drafts.
+    t = StepTimes({(1, 0): 1.0, (1, 1): 1.5, (1, 2): 2.0}, {(1, 0): 0, (1, 1): 0.5, (1, 2): 1.0})
+    assert t.at(1, 0.5) == pytest.approx(1.5)
+    assert t.at(1, 2.0) == pytest.approx(3.0)  # extrapolated along the last segment
+    acc = Acceptance((0.5, 0.25), draft_rate=0.5, reach=(1.0, 0.5))
+    assert acc.expected_drafts(2) == pytest.approx(0.75)
+    assert goodput(1, 2, t, acc) == pytest.approx((1 + 0.5 * 0.75) / 1.75)

@@ -36,7 +36,8 @@ class Profile:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def step_times(self) -> StepTimes:
-        return StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()})
+        return StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()},
+                         dict(self.drafts_per_req))
 
     def acceptance_for(self, workload: str) -> Acceptance:
         if workload not in self.acceptance:

@@ -81,7 +81,8 @@ class AcceptanceCounter:
             prev = min(prev, value)
             u.append(prev)
         rate = min(1.0, self.num_drafts / self.request_steps) if self.request_steps else 1.0
-        return Acceptance(tuple(u), rate)
+        reach = tuple(min(1.0, d / self.num_drafts) for d in self.drafted_per_pos)
+        return Acceptance(tuple(u), rate, reach)
 
     def to_json(self) -> dict[str, object]:
         return {"max_k": self.max_k, "num_drafts": self.num_drafts,

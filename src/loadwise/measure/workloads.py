@@ -168,6 +168,22 @@ def builtin(name: str, size: int = 200) -> Workload:
     return Workload(name, prompts)
 
 
+_TIMING_WORDS = ("apple river stone cloud music paper green window silver forest candle bridge "
+                 "orange tiger planet garden copper violin winter harbor").split()
+
+
+def timing_prompts(n: int = 64, seed: int = 0) -> Workload:
+    """Raw (no chat template) prompts whose greedy continuation repeats a block seen many times,
+    so prompt lookup finds a match and drafts (nearly) the full k at every step. Used to time
+    T(b, k); acceptance is measured on real workloads, never on these."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        block = " ".join(rng.choice(_TIMING_WORDS) for _ in range(12))
+        prompts.append("Sequence: " + " | ".join([block] * 10))
+    return Workload("timing", tuple(prompts))
+
+
 def from_file(path: str | Path) -> Workload:
     """JSONL (one object per line with "prompt" or "text", or a JSON string), or plain text
     with one prompt per non-empty line. Bad lines are reported with their line number."""

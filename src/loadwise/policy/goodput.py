@@ -8,7 +8,7 @@
 non-increasing), ``draft_rate`` the share of request-steps that receive a draft at all (prompt
 lookup proposes nothing when it finds no match; a draft model always drafts: rate 1).
 A request-step without a draft verifies nothing, so the step costs T at the *effective* draft
-length ``draft_rate * k``, interpolated between the measured integer k.
+length ``draft_rate * k``, interpolated between the measured points.
 
 Step times are measured on a grid of batch sizes; between grid points T is interpolated
 linearly in b, beyond the grid it is extrapolated from the last two points (never below 0).
@@ -35,10 +35,17 @@ class Acceptance:
 
     prefix_accept: tuple[float, ...]
     draft_rate: float = 1.0
+    # reach[i-1] = P(a draft has a token at position i); prompt lookup near the end of the
+    # context proposes fewer than k. None: every draft is full length.
+    reach: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.draft_rate <= 1.0:
             raise ModelError(f"draft_rate must be in [0, 1], got {self.draft_rate}")
+        if self.reach is not None and (
+            len(self.reach) != len(self.prefix_accept) or any(not 0 <= r <= 1 for r in self.reach)
+        ):
+            raise ModelError(f"reach {self.reach} must be probabilities, one per position")
         prev = 1.0
         for i, u in enumerate(self.prefix_accept, start=1):
             if not 0.0 <= u <= 1.0 or math.isnan(u):
@@ -79,6 +86,13 @@ class Acceptance:
             raise ModelError(f"acceptance known for k <= {self.max_k}, asked for k={k}")
         return 1.0 + self.draft_rate * sum(self.prefix_accept[:k])
 
+    def expected_drafts(self, k: int) -> float:
+        """Draft tokens a request verifies per step at draft length k (what the step pays for)."""
+        if k > self.max_k:
+            raise ModelError(f"acceptance known for k <= {self.max_k}, asked for k={k}")
+        reach = self.reach if self.reach is not None else (1.0,) * self.max_k
+        return self.draft_rate * sum(reach[:k])
+
     def conditional(self) -> tuple[float, ...]:
         """Per-position acceptance: accepted at i / drafts that reached i."""
         out = []
@@ -91,11 +105,18 @@ class Acceptance:
 
 @dataclass(frozen=True, slots=True)
 class StepTimes:
-    """Median step time ``step_time_s[(b, k)]`` on a full grid of batch sizes x 0..max_k."""
+    """Median step time ``step_time_s[(b, k)]`` on a full grid of batch sizes x 0..max_k.
+
+    ``drafts_per_req[(b, k)]`` is how many drafts each request really verified in the timed
+    steps (a drafter may propose fewer than k). T is interpolated in that *effective* draft
+    count, so a step that verifies x drafts per request costs T(b, x) whatever k was asked.
+    """
 
     step_time_s: Mapping[tuple[int, int], float]
+    drafts_per_req: Mapping[tuple[int, int], float] | None = None
     batch_sizes: tuple[int, ...] = field(init=False)
     max_k: int = field(init=False)
+    _curves: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.step_time_s:
@@ -104,43 +125,55 @@ class StepTimes:
         ks = sorted({k for _, k in self.step_time_s})
         if ks != list(range(ks[-1] + 1)):
             raise ModelError(f"draft lengths {ks} must be 0..max_k without gaps")
+        curves = {}
         for b in bs:
+            xs: list[float] = []
+            ts: list[float] = []
             for k in ks:
                 t = self.step_time_s.get((b, k))
                 if t is None:
                     raise ModelError(f"step time missing for batch size {b}, k={k}")
                 if not t > 0 or math.isinf(t):
                     raise ModelError(f"step time for batch size {b}, k={k} is {t}: must be > 0")
+                x = float(k) if self.drafts_per_req is None else self.drafts_per_req.get((b, k), k)
+                x = 0.0 if k == 0 else max(x, xs[-1] + 1e-6 if xs else 0.0)
+                xs.append(x)
+                ts.append(t)
+            curves[b] = (tuple(xs), tuple(ts))
         object.__setattr__(self, "batch_sizes", tuple(bs))
         object.__setattr__(self, "max_k", ks[-1])
+        object.__setattr__(self, "_curves", curves)
 
-    def at(self, batch_size: float, k: float) -> float:
-        """T(b, k) for any b >= 1 and 0 <= k <= max_k, interpolated (see module docstring)."""
-        if not 0 <= k <= self.max_k:
-            raise ModelError(f"k={k} outside measured 0..{self.max_k}")
-        k_lo = min(int(math.floor(k)), self.max_k)
-        k_hi = min(k_lo + 1, self.max_k)
-        frac = k - k_lo
-        t_lo = self._at_batch(batch_size, k_lo)
-        if frac == 0 or k_hi == k_lo:
-            return t_lo
-        return t_lo + frac * (self._at_batch(batch_size, k_hi) - t_lo)
-
-    def _at_batch(self, batch_size: float, k: int) -> float:
+    def at(self, batch_size: float, drafts: float) -> float:
+        """T for any b >= 1 and 0 <= drafts per request <= max_k (see module docstring)."""
+        if not 0 <= drafts <= self.max_k + 1e-9:
+            raise ModelError(f"{drafts} drafts per request outside measured 0..{self.max_k}")
         bs = self.batch_sizes
         i = bisect.bisect_left(bs, batch_size)
         if i < len(bs) and bs[i] == batch_size:
-            return self.step_time_s[(bs[i], k)]
+            return self._at_drafts(bs[i], drafts)
         if i == 0 or len(bs) == 1:
             # Outside a single point there is no slope to follow; below the smallest measured
             # batch a step cannot get cheaper than the smallest one measured.
-            return self.step_time_s[(bs[0] if i == 0 else bs[-1], k)]
+            return self._at_drafts(bs[0] if i == 0 else bs[-1], drafts)
         beyond = i == len(bs)
         b0, b1 = (bs[-2], bs[-1]) if beyond else (bs[i - 1], bs[i])
-        t0, t1 = self.step_time_s[(b0, k)], self.step_time_s[(b1, k)]
+        t0, t1 = self._at_drafts(b0, drafts), self._at_drafts(b1, drafts)
         t = t0 + (batch_size - b0) * (t1 - t0) / (b1 - b0)
         # Past the grid a step never gets faster than the largest batch measured.
         return max(t, t1) if beyond else t
+
+    def _at_drafts(self, b: int, x: float) -> float:
+        xs, ts = self._curves[b]
+        j = bisect.bisect_right(xs, x)
+        if j == 0:
+            return ts[0]
+        if j == len(xs):
+            # Drafters fill fewer than k on average: extend the last segment to reach max k.
+            j = len(xs) - 1
+        x0, x1, t0, t1 = xs[j - 1], xs[j], ts[j - 1], ts[j]
+        t = t0 + (x - x0) * (t1 - t0) / (x1 - x0)
+        return max(t, t1) if x > x1 else t
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +186,7 @@ class Choice:
 
 
 def goodput(b: float, k: int, times: StepTimes, acc: Acceptance) -> float:
-    t = times.at(b, acc.draft_rate * k if k > 0 else 0)
-    return b * acc.expected_tokens(k) / t
+    return b * acc.expected_tokens(k) / times.at(b, acc.expected_drafts(k))
 
 
 def goodput_grid(

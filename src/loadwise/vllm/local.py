@@ -44,6 +44,8 @@ class LocalEngine:
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
         self._ids = itertools.count()
+        # External ids of requests added and not yet finished (aborts need external ids).
+        self._live: set[str] = set()
 
     # --- scheduler access -----------------------------------------------------------------
     @property
@@ -78,18 +80,26 @@ class LocalEngine:
     def add(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> str:
         req_id = f"lw-{next(self._ids)}"
         self.engine.add_request(req_id, prompt, self.sampling(max_tokens, ignore_eos))
+        self._live.add(req_id)
         return req_id
 
     def abort_all(self) -> None:
-        ids = list(self.scheduler.requests)
-        if ids:
-            self.engine.abort_request(ids)
+        if self._live:
+            self.engine.abort_request(list(self._live))
+            self._live.clear()
         while self.engine.has_unfinished_requests():
-            self.engine.step()
+            self._step_outputs()
+
+    def _step_outputs(self) -> list[Any]:
+        outs = self.engine.step()
+        for o in outs:
+            if o.finished:
+                self._live.discard(o.request_id)
+        return outs
 
     def step(self) -> list[Any]:
         """One engine step; returns the RequestOutputs that finished in it."""
-        return [o for o in self.engine.step() if o.finished]
+        return [o for o in self._step_outputs() if o.finished]
 
     def generate(self, prompts: Sequence[str], max_tokens: int) -> list[Completion]:
         """Greedy completions, all prompts batched together (order preserved)."""
@@ -127,7 +137,7 @@ class LocalEngine:
                 counting_since = now
             if counting_since is not None and now - counting_since >= duration_s:
                 break
-            for out in self.engine.step():
+            for out in self._step_outputs():
                 n = len(out.outputs[0].token_ids)
                 if counting_since is not None:
                     counted_tokens += n - in_flight.get(out.request_id, 0)

@@ -1,0 +1,184 @@
+"""Online draft-length control: windowed acceptance estimates + measured step times -> live table.
+
+Pure Python (no vLLM): the same controller runs inside the vLLM plugin, in tests on synthetic
+stats, and in replays. It consumes one observation per engine step and occasionally returns a
+:class:`Decision` (a new table and why). Invariants:
+
+  * estimates use exponentially decayed counts (half-life in steps): recent traffic weighs more;
+  * no decision before ``min_drafts`` (decayed) drafts back the estimate;
+  * a new table is proposed only when its predicted goodput, weighted by the recent batch-size
+    mix, beats the current table's by ``min_gain`` (hysteresis);
+  * every k stays within 0..max_k (the engine's num_speculative_tokens);
+  * positions the current table no longer drafts are extrapolated from the last observed
+    per-position acceptance; when nothing is drafted at all for ``probe_interval_steps``, a
+    short probe at max k refreshes the estimate (otherwise k=0 would be final).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadwise.policy.goodput import Acceptance, StepTimes, best_table, goodput
+from loadwise.policy.table import DraftLengthTable
+
+
+class AdaptiveConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveConfig:
+    half_life_steps: float = 150.0
+    min_drafts: float = 150.0
+    update_every_steps: int = 20
+    min_gain: float = 0.02
+    probe_interval_steps: int = 400
+    probe_steps: int = 24
+
+    def __post_init__(self) -> None:
+        if self.half_life_steps <= 0 or self.min_drafts <= 0:
+            raise AdaptiveConfigError("half-life and min drafts must be positive")
+        if self.update_every_steps < 1 or self.probe_steps < 1 or self.probe_interval_steps < 1:
+            raise AdaptiveConfigError("step counts must be >= 1")
+        if not 0 <= self.min_gain < 1:
+            raise AdaptiveConfigError(f"min_gain must be in [0, 1), got {self.min_gain}")
+
+    @property
+    def decay(self) -> float:
+        return float(0.5 ** (1.0 / self.half_life_steps))
+
+
+@dataclass(slots=True)
+class AcceptanceEstimator:
+    max_k: int
+    decay: float
+    num_drafts: float = 0.0
+    request_steps: float = 0.0
+    accepted: list[float] = field(default_factory=list)
+    drafted: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted = self.accepted or [0.0] * self.max_k
+        self.drafted = self.drafted or [0.0] * self.max_k
+
+    def observe(self, num_drafts: int, drafted: tuple[int, ...], accepted: tuple[int, ...],
+                speculating_request_steps: int) -> None:
+        d = self.decay
+        self.num_drafts = self.num_drafts * d + num_drafts
+        self.request_steps = self.request_steps * d + speculating_request_steps
+        for i in range(self.max_k):
+            self.accepted[i] = self.accepted[i] * d + (accepted[i] if i < len(accepted) else 0)
+            self.drafted[i] = self.drafted[i] * d + (drafted[i] if i < len(drafted) else 0)
+
+    def estimate(self, min_drafts: float) -> Acceptance | None:
+        if self.num_drafts < min_drafts or self.drafted[0] <= 0:
+            return None
+        u: list[float] = []
+        prev, cond = 1.0, 1.0
+        for acc, dr in zip(self.accepted, self.drafted):
+            # Enough evidence at this position: use it; else extrapolate the last conditional.
+            if dr >= min_drafts * 0.1:
+                value = min(prev, acc / dr)
+                cond = value / prev if prev > 0 else 0.0
+            else:
+                value = prev * cond
+            u.append(value)
+            prev = value
+        rate = min(1.0, self.num_drafts / self.request_steps) if self.request_steps > 0 else 1.0
+        return Acceptance(tuple(u), rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    table: DraftLengthTable
+    previous: DraftLengthTable
+    reason: str
+    predicted_gain: float
+    acceptance: Acceptance | None
+
+
+class AdaptiveController:
+    def __init__(self, times: StepTimes, initial: DraftLengthTable, max_batch_size: int,
+                 cfg: AdaptiveConfig | None = None) -> None:
+        if initial.max_k > times.max_k:
+            raise AdaptiveConfigError(
+                f"engine max k={initial.max_k} exceeds the profile's measured max k={times.max_k}")
+        self.cfg = cfg or AdaptiveConfig()
+        self.times = times
+        self.max_k = initial.max_k
+        self.max_batch_size = max_batch_size
+        self.table = initial
+        self.estimator = AcceptanceEstimator(self.max_k, self.cfg.decay)
+        self.batch_weights: dict[int, float] = {}
+        self.num_changes = 0
+        self.steps = 0
+        self.predicted_goodput: float | None = None
+        self._prev_k: int | None = None
+        self._steps_since_update = 0
+        self._steps_without_drafts = 0
+        self._probe_left = 0
+
+    # One call per engine step with that step's counts.
+    def observe(self, batch_size: int, num_decode_reqs: int, num_drafts: int,
+                drafted: tuple[int, ...], accepted: tuple[int, ...], k_next: int) -> Decision | None:
+        self.steps += 1
+        speculating = self._prev_k is None or self._prev_k > 0
+        self._prev_k = k_next
+        self.estimator.observe(num_drafts, drafted, accepted,
+                               num_decode_reqs if speculating else 0)
+        d = self.cfg.decay
+        for b in list(self.batch_weights):
+            self.batch_weights[b] *= d
+        if batch_size > 0:
+            self.batch_weights[batch_size] = self.batch_weights.get(batch_size, 0.0) + 1.0
+        self._steps_without_drafts = 0 if num_drafts else self._steps_without_drafts + 1
+
+        if self._probe_left > 0:
+            self._probe_left -= 1
+            if self._probe_left == 0:
+                return self._update(force=True)
+            return None
+        self._steps_since_update += 1
+        if self._steps_since_update < self.cfg.update_every_steps:
+            return None
+        return self._update(force=False)
+
+    def _mix_goodput(self, table: DraftLengthTable, acc: Acceptance) -> float:
+        total_w = sum(self.batch_weights.values()) or 1.0
+        return sum(w * goodput(b, table.lookup(b), self.times, acc)
+                   for b, w in self.batch_weights.items()) / total_w
+
+    def _update(self, force: bool) -> Decision | None:
+        self._steps_since_update = 0
+        acc = self.estimator.estimate(self.cfg.min_drafts)
+        if acc is None:
+            if self._steps_without_drafts >= self.cfg.probe_interval_steps and self.max_k > 0:
+                probe = DraftLengthTable.fixed(self.max_k, self.max_k, self.max_batch_size)
+                if probe == self.table:
+                    return None
+                self._probe_left = self.cfg.probe_steps
+                self._steps_without_drafts = 0
+                return self._apply(probe, "probe: no drafts observed recently, "
+                                   f"drafting max k for {self.cfg.probe_steps} steps", 0.0, None)
+            return None
+        new, _ = best_table(self.times, acc, self.max_batch_size, self.max_k)
+        cur_g = self._mix_goodput(self.table, acc)
+        new_g = self._mix_goodput(new, acc)
+        self.predicted_goodput = cur_g
+        gain = new_g / cur_g - 1.0 if cur_g > 0 else float("inf")
+        # After a probe (force) the best table is applied whatever the gain: the probe table
+        # itself was never chosen for throughput.
+        if new == self.table or (gain < self.cfg.min_gain and not force):
+            return None
+        self.predicted_goodput = new_g
+        per_pos = ", ".join(f"{a:.2f}" for a in acc.conditional())
+        return self._apply(new, f"predicted +{gain:.1%} goodput on the recent batch mix "
+                           f"(acceptance per position {per_pos}, draft rate {acc.draft_rate:.2f})",
+                           gain, acc)
+
+    def _apply(self, table: DraftLengthTable, reason: str, gain: float,
+               acc: Acceptance | None) -> Decision:
+        decision = Decision(table, self.table, reason, gain, acc)
+        self.table = table
+        self.num_changes += 1
+        return decision

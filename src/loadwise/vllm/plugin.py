@@ -1,0 +1,198 @@
+"""loadwise's vLLM plugin: rewrite the draft-length table live from vLLM's acceptance counts.
+
+Enabled by ``LOADWISE_ADAPTIVE_PROFILE=/path/to/profile.json`` (``loadwise serve --adaptive``
+sets it). Two entry points:
+
+  * ``vllm.general_plugins`` -> :func:`register`, run in every vLLM process (maybe more than
+    once). It makes vLLM build loadwise's scheduler adapter when no scheduler class was chosen
+    and hooks :func:`attach_controller` into it, so the controller lives in the engine-core
+    process, next to the scheduler that produces the counts and reads the table.
+  * ``vllm.stat_logger_plugins`` -> :class:`LoadwiseStatLogger`, run in the API-server process:
+    it reads the controller's state file and exports Prometheus gauges on vLLM's ``/metrics``.
+
+Invariant: nothing here raises into vLLM after start-up. Any failure in the controller is
+logged once and the engine goes back to the static table it started with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from loadwise.measure.profile import Profile, ProfileError
+from loadwise.measure.records import StepRecord
+from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
+from loadwise.policy.table import DraftLengthTable
+
+logger = logging.getLogger("loadwise.plugin")
+
+ENV_PROFILE = "LOADWISE_ADAPTIVE_PROFILE"
+ENV_STATE = "LOADWISE_STATE_FILE"
+ENV_CONFIG = "LOADWISE_ADAPTIVE_CONFIG"  # JSON object of AdaptiveConfig fields
+ENV_FAIL_AFTER = "LOADWISE_ADAPTIVE_FAIL_AFTER_STEPS"  # fault injection for tests
+STATE_EVERY_STEPS = 10
+
+_registered = False
+
+
+def register() -> None:
+    """General-plugin entry point. Idempotent; a no-op unless the profile variable is set."""
+    global _registered
+    if _registered or not os.environ.get(ENV_PROFILE):
+        return
+    _registered = True
+    try:
+        # Children (the engine core) inherit the environment: both sides agree on the file.
+        os.environ.setdefault(ENV_STATE, str(Path(tempfile.gettempdir())
+                                             / f"loadwise-state-{os.getpid()}.json"))
+        from loadwise.vllm import scheduler as lw_sched
+
+        lw_sched.add_init_hook(attach_controller)
+        _default_to_loadwise_scheduler()
+    except Exception:  # noqa: BLE001 - a plugin must not break vLLM's start
+        logger.exception("loadwise: plugin registration failed; vLLM runs without it")
+
+
+def _default_to_loadwise_scheduler() -> None:
+    from vllm.config.scheduler import SchedulerConfig
+
+    original = SchedulerConfig.get_scheduler_cls
+    if getattr(original, "_loadwise", False):
+        return
+
+    def get_scheduler_cls(self: Any) -> Any:
+        if self.scheduler_cls is None:
+            from loadwise.vllm.scheduler import LoadwiseAsyncScheduler, LoadwiseScheduler
+
+            return LoadwiseAsyncScheduler if self.async_scheduling else LoadwiseScheduler
+        return original(self)
+
+    get_scheduler_cls._loadwise = True  # type: ignore[attr-defined]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+
+
+def load_checked_profile(path: str, num_spec_tokens: int, model: str | None) -> Profile:
+    """The profile, or ProfileError saying why it cannot drive this engine."""
+    profile = Profile.load(path)
+    if num_spec_tokens > profile.max_k:
+        raise ProfileError(
+            f"{path}: engine drafts up to k={num_spec_tokens} but the profile measured only "
+            f"k<={profile.max_k}; re-run loadwise tune with --max-k {num_spec_tokens}")
+    if model is not None and Path(model).name != Path(profile.model).name:
+        raise ProfileError(f"{path}: profile was measured on model {profile.model}, engine "
+                           f"serves {model}; step times do not transfer between models")
+    return profile
+
+
+def adaptive_config_from_env() -> AdaptiveConfig:
+    raw = os.environ.get(ENV_CONFIG)
+    return AdaptiveConfig(**json.loads(raw)) if raw else AdaptiveConfig()
+
+
+class AdaptiveObserver:
+    """Step observer in the engine core: feeds the controller, applies its decisions."""
+
+    def __init__(self, controller: AdaptiveController, static_table: DraftLengthTable,
+                 state_path: str | None) -> None:
+        self.controller = controller
+        self.static_table = static_table
+        self.state_path = state_path
+        self.failed = False
+        self.fail_after = int(os.environ.get(ENV_FAIL_AFTER, "0") or 0)
+        self.history: list[dict[str, Any]] = []
+
+    def __call__(self, record: StepRecord, scheduler: Any) -> None:
+        if self.failed:
+            return
+        try:
+            self._step(record, scheduler)
+        except Exception:  # noqa: BLE001 - never into vLLM's step
+            self.failed = True
+            logger.exception("loadwise: adaptive controller failed; back to the static table %s",
+                             self.static_table)
+            try:
+                scheduler.set_table(self.static_table.to_vllm())
+                self._write_state(status="failed")
+            except Exception:  # noqa: BLE001
+                logger.exception("loadwise: could not restore the static table")
+
+    def _step(self, record: StepRecord, scheduler: Any) -> None:
+        if self.fail_after and self.controller.steps >= self.fail_after:
+            raise RuntimeError(f"injected failure after {self.fail_after} steps ({ENV_FAIL_AFTER})")
+        decision = self.controller.observe(
+            record.batch_size, record.num_decode_reqs, record.num_drafts,
+            record.draft_tokens_per_pos, record.accepted_per_pos, record.k_next)
+        if decision is not None:
+            scheduler.set_table(decision.table.to_vllm())
+            logger.warning("loadwise: table %s -> %s: %s", decision.previous, decision.table,
+                           decision.reason)
+            self.history.append({"time_s": time.time(), "step": self.controller.steps,
+                                 "old": decision.previous.to_vllm(), "new": decision.table.to_vllm(),
+                                 "reason": decision.reason})
+            self.history = self.history[-50:]
+        if decision is not None or self.controller.steps % STATE_EVERY_STEPS == 0:
+            self._write_state(status="adaptive")
+
+    def _write_state(self, status: str) -> None:
+        if not self.state_path:
+            return
+        ctrl = self.controller
+        acc = ctrl.estimator.estimate(ctrl.cfg.min_drafts)
+        state = {
+            "status": status,
+            "updated_s": time.time(),
+            "steps": ctrl.steps,
+            "table": ctrl.table.to_vllm() if status != "failed" else self.static_table.to_vllm(),
+            "num_changes": ctrl.num_changes,
+            "predicted_goodput_tok_s": ctrl.predicted_goodput,
+            "acceptance_per_position": list(acc.conditional()) if acc else None,
+            "draft_rate": acc.draft_rate if acc else None,
+            "effective_drafts": ctrl.estimator.num_drafts,
+            "changes": self.history[-10:],
+        }
+        tmp = f"{self.state_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.state_path)
+
+
+def attach_controller(scheduler: Any) -> None:
+    """Scheduler init hook (engine-core process). Problems are logged; the engine keeps its
+    static table."""
+    path = os.environ.get(ENV_PROFILE)
+    if not path or scheduler.num_spec_tokens <= 0 or scheduler.loadwise_table is None:
+        if path:
+            logger.error("loadwise: %s is set but the engine runs without speculative decoding; "
+                         "adaptive tables are off", ENV_PROFILE)
+        return
+    try:
+        model = scheduler.vllm_config.model_config.model
+        profile = load_checked_profile(path, scheduler.num_spec_tokens, model)
+        static = DraftLengthTable.parse(scheduler.loadwise_table, scheduler.num_spec_tokens)
+        controller = AdaptiveController(profile.step_times(), static,
+                                        scheduler.scheduler_config.max_num_seqs,
+                                        adaptive_config_from_env())
+    except (ProfileError, ValueError) as exc:
+        logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)
+        return
+    observer = AdaptiveObserver(controller, static, os.environ.get(ENV_STATE))
+    scheduler.loadwise_observers.append(observer)
+    observer._write_state(status="adaptive")
+    logger.warning("loadwise: adaptive draft-length tables on (profile %s, start table %s)",
+                   path, static)
+
+
+def read_state(path: str | None = None) -> dict[str, Any] | None:
+    p = path or os.environ.get(ENV_STATE)
+    if not p:
+        return None
+    try:
+        with open(p) as f:
+            return json.load(f)  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
