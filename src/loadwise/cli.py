@@ -168,8 +168,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         profile = run_tune(engine, cfg, workloads,
                            lambda what: prog.update(task, advance=1, description=what))
     engine.shutdown()
+    from loadwise.provenance import provenance
+
     profile = dataclasses.replace(
-        profile, meta={**profile.meta, "wall_s": round(time.perf_counter() - t0, 1)})
+        profile, meta={**profile.meta, **provenance(), "wall_s": round(time.perf_counter() - t0, 1),
+                       "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max]})
     write_reports(profile, out_dir, console)
     console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine start included); report in "
                   f"{out_dir}/ (report.json, profile.json, table-*.json, heatmap-*.png)")

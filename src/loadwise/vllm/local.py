@@ -115,21 +115,27 @@ class LocalEngine:
 
     def closed_loop(
         self,
-        prompts: Iterator[str],
+        prompts: Iterator[str] | Callable[[float], str],
         concurrency: int,
         duration_s: float,
         max_tokens: int,
         warmup_s: float = 0.0,
-        on_step: Callable[[], None] | None = None,
+        timeline: list[tuple[float, int]] | None = None,
     ) -> tuple[int, float]:
         """Keep ``concurrency`` requests in flight (a client sends its next request when its last
         finishes) for ``warmup_s + duration_s``; returns (output tokens, seconds) counted after
-        warm-up. Output tokens are counted per step from each request's progress."""
+        warm-up. ``prompts`` is an iterator, or a function of the elapsed seconds (to switch
+        workloads mid-run). ``timeline`` receives (elapsed_s, output tokens so far) per step."""
+        t0 = time.perf_counter()
+
+        def next_prompt() -> str:
+            return prompts(time.perf_counter() - t0) if callable(prompts) else next(prompts)
+
         in_flight: dict[str, int] = {}
         for _ in range(concurrency):
-            in_flight[self.add(next(prompts), max_tokens)] = 0
-        t0 = time.perf_counter()
+            in_flight[self.add(next_prompt(), max_tokens)] = 0
         counted_tokens = 0
+        total_tokens = 0
         counting_since: float | None = None
         while True:
             now = time.perf_counter()
@@ -139,14 +145,16 @@ class LocalEngine:
                 break
             for out in self._step_outputs():
                 n = len(out.outputs[0].token_ids)
+                new_tokens = n - in_flight.get(out.request_id, 0)
+                total_tokens += new_tokens
                 if counting_since is not None:
-                    counted_tokens += n - in_flight.get(out.request_id, 0)
+                    counted_tokens += new_tokens
                 in_flight[out.request_id] = n
                 if out.finished:
                     del in_flight[out.request_id]
-                    in_flight[self.add(next(prompts), max_tokens)] = 0
-            if on_step is not None:
-                on_step()
+                    in_flight[self.add(next_prompt(), max_tokens)] = 0
+            if timeline is not None:
+                timeline.append((time.perf_counter() - t0, total_tokens))
         elapsed = time.perf_counter() - (counting_since or t0)
         self.abort_all()
         return counted_tokens, elapsed

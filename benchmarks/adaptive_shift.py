@@ -1,0 +1,182 @@
+"""Workload shift: repetitive -> open-ended (ShareGPT) -> repetitive, at two loads.
+
+Configurations (each run separately on one engine, same prompt sequences):
+  adaptive  the loadwise plugin's controller (the same AdaptiveObserver the vLLM plugin attaches),
+            starting from the table tuned on the repetitive workload;
+  static    the table tuned on the repetitive workload, never changed;
+  oracle    the table tuned for whichever workload is running, switched exactly at each shift.
+
+Writes benchmarks/results/adaptive-shift-<time>.json (+ .png): throughput per 5 s window, the
+k in force at the load's batch size, acceptance per window, table changes, and per phase the
+throughput after settling. Usage:
+    python benchmarks/adaptive_shift.py --profile PROFILE [--loads 2,8] [--phase-s 40,80,80]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from loadwise.measure.profile import Profile
+from loadwise.measure.stats import AcceptanceCounter
+from loadwise.measure.workloads import Workload, builtin
+from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
+from loadwise.provenance import provenance
+from loadwise.vllm.config import EngineSpec
+from loadwise.vllm.local import LocalEngine
+from loadwise.vllm.plugin import AdaptiveObserver
+
+WINDOW_S = 5.0
+SETTLE_S = 30.0
+
+
+def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases: list[tuple[str, float]],
+            workloads: dict[str, Workload], max_tokens: int) -> dict[str, Any]:
+    sched = engine.scheduler
+    tuned = {name: profile.table_for(name) for name in workloads}
+    first = phases[0][0]
+    engine.set_table(tuned[first])
+    observer = None
+    sched.loadwise_observers[:] = [o for o in sched.loadwise_observers
+                                   if not isinstance(o, AdaptiveObserver)]
+    if mode == "adaptive":
+        ctrl = AdaptiveController(profile.step_times(), tuned[first], profile.max_num_seqs,
+                                  AdaptiveConfig())
+        observer = AdaptiveObserver(ctrl, tuned[first], None)
+        sched.loadwise_observers.append(observer)
+    bounds = []
+    t = 0.0
+    for name, dur in phases:
+        bounds.append((t, t + dur, name))
+        t += dur
+    iters = {name: w.cycle(seed=7) for name, w in workloads.items()}
+    current = [first]
+
+    def next_prompt(elapsed: float) -> str:
+        name = next((n for a, b, n in bounds if a <= elapsed < b), bounds[-1][2])
+        if name != current[0]:
+            current[0] = name
+            if mode == "oracle":
+                engine.set_table(tuned[name])
+        return next(iters[name])
+
+    rec0 = engine.num_records()
+    timeline: list[tuple[float, int]] = []
+    start_epoch = time.time()
+    engine.closed_loop(next_prompt, concurrency=load, duration_s=t, max_tokens=max_tokens,
+                       timeline=timeline)
+    records = engine.records_since(rec0)
+    windows = []
+    n_windows = int(t // WINDOW_S)
+    for i in range(n_windows):
+        a, b = i * WINDOW_S, (i + 1) * WINDOW_S
+        pts = [tok for ts, tok in timeline if a <= ts < b]
+        prev = [tok for ts, tok in timeline if ts < a]
+        tokens = (pts[-1] if pts else 0) - (prev[-1] if prev else 0)
+        windows.append({"start_s": a, "tok_s": tokens / WINDOW_S})
+    # Map step records to wall-clock windows by their end times relative to the first step.
+    base = records[0].end_time_s if records else 0.0
+    for w in windows:
+        rs = [r for r in records if w["start_s"] <= r.end_time_s - base < w["start_s"] + WINDOW_S]
+        c = AcceptanceCounter(profile.max_k)
+        c.add_all(rs)
+        decode = [r for r in rs if r.batch_size == load]
+        w["k_at_load"] = decode[-1].k_next if decode else None
+        w["accept_pos0"] = (c.accepted_per_pos[0] / c.drafted_per_pos[0]
+                            if c.drafted_per_pos and c.drafted_per_pos[0] else None)
+        w["draft_rate"] = c.num_drafts / c.request_steps if c.request_steps else None
+    per_phase = []
+    for a, b, name in bounds:
+        settled = [w["tok_s"] for w in windows if a + SETTLE_S <= w["start_s"] and
+                   w["start_s"] + WINDOW_S <= b]
+        per_phase.append({"workload": name, "start_s": a, "end_s": b,
+                          "settled_tok_s": sum(settled) / len(settled) if settled else None})
+    changes = observer.history if observer else []
+    for ch in changes:
+        ch["elapsed_s"] = ch["time_s"] - start_epoch
+    return {"mode": mode, "load": load, "windows": windows, "phases": per_phase,
+            "changes": changes, "final_table": sched.loadwise_table}
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = sorted({r["load"] for r in results["runs"]})
+    fig, axes = plt.subplots(3, len(loads), figsize=(7 * len(loads), 9), squeeze=False, sharex=True)
+    colors = {"adaptive": "black", "static": "tab:red", "oracle": "tab:green"}
+    for j, load in enumerate(loads):
+        for run in (r for r in results["runs"] if r["load"] == load):
+            xs = [w["start_s"] + WINDOW_S / 2 for w in run["windows"]]
+            kw = dict(color=colors[run["mode"]], label=run["mode"])
+            axes[0][j].plot(xs, [w["tok_s"] for w in run["windows"]], **kw)
+            axes[1][j].step(xs, [w["k_at_load"] if w["k_at_load"] is not None else float("nan")
+                                 for w in run["windows"]], where="mid", **kw)
+            axes[2][j].plot(xs, [w["accept_pos0"] if w["accept_pos0"] is not None else float("nan")
+                                 for w in run["windows"]], **kw)
+        for ax in axes[:, j]:
+            for ph in results["runs"][0]["phases"][1:]:
+                ax.axvline(ph["start_s"], color="gray", ls="--")
+            ax.grid(alpha=0.3)
+        axes[0][j].set_title(f"load {load}: shift at dashed lines")
+        axes[0][j].set_ylabel("output tok/s")
+        axes[1][j].set_ylabel(f"k at batch {load}")
+        axes[2][j].set_ylabel("acceptance, position 0")
+        axes[2][j].set_xlabel("seconds")
+        axes[0][j].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--loads", default="2,8")
+    ap.add_argument("--phase-s", default="40,80,80")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-lookup-min", type=int, default=None)
+    ap.add_argument("--prompt-lookup-max", type=int, default=None)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    profile = Profile.load(args.profile)
+    durations = [float(x) for x in args.phase_s.split(",")]
+    order = ["repetitive", "sharegpt", "repetitive"]
+    phases = list(zip(order, durations))
+    spec = EngineSpec(model=profile.model, spec_method="ngram", max_k=profile.max_k,
+                      max_num_seqs=profile.max_num_seqs, enable_prefix_caching=False,
+                      prompt_lookup_min=args.prompt_lookup_min,
+                      prompt_lookup_max=args.prompt_lookup_max)
+    engine = LocalEngine(spec)
+    workloads = {n: Workload(n, tuple(engine.chat_prompt(p) for p in builtin(n).prompts))
+                 for n in ("repetitive", "sharegpt")}
+    runs = []
+    t0 = time.perf_counter()
+    for load in (int(x) for x in args.loads.split(",")):
+        for mode in ("adaptive", "static", "oracle"):
+            run = run_one(engine, profile, mode, load, phases, workloads, args.max_tokens)
+            runs.append(run)
+            print(mode, load, [(p["workload"], round(p["settled_tok_s"] or 0, 1)) for p in run["phases"]],
+                  "changes:", len(run["changes"]), flush=True)
+    engine.shutdown()
+    results = {**provenance(), "profile": args.profile, "phases": phases,
+               "window_s": WINDOW_S, "settle_s": SETTLE_S,
+               "tables": {n: profile.table_for(n).to_vllm() for n in workloads},
+               "ngram": {"prompt_lookup_min": args.prompt_lookup_min,
+                         "prompt_lookup_max": args.prompt_lookup_max},
+               "runs": runs, "wall_s": round(time.perf_counter() - t0, 1)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"adaptive-shift-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    plot(results, stem.with_suffix(".png"))
+    print("wrote", stem.with_suffix(".json"), stem.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Tune on the real engine (tiny grid) and the live adaptive plugin inside a real vLLM server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from loadwise.measure.profile import Profile
+from loadwise.measure.workloads import builtin
+from loadwise.policy.table import DraftLengthTable
+from loadwise.tune import TuneConfig, run_tune
+
+from .conftest import MAX_K
+from .test_serve import _complete, _start_serve, _stop
+
+FAST_CONTROLLER = json.dumps({"half_life_steps": 30, "min_drafts": 20, "update_every_steps": 5,
+                              "min_gain": 0.01})
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(engine, tmp_path_factory) -> Path:
+    cfg = TuneConfig(batch_sizes=(1, 2, 4), rounds=1, steps_per_point=2, acceptance_seconds=6,
+                     acceptance_concurrency=4, acceptance_max_tokens=48,
+                     workloads=("repetitive",))
+    profile = run_tune(engine, cfg, [builtin("repetitive")], lambda _: None)
+    path = tmp_path_factory.mktemp("tune") / "profile.json"
+    profile.save(path)
+    return path
+
+
+def test_tiny_tune_gives_a_table_vllm_accepts_and_applies(engine, tiny_profile: Path) -> None:
+    profile = Profile.load(tiny_profile)
+    assert set(profile.step_samples_s) == {(b, k) for b in (1, 2, 4) for k in range(MAX_K + 1)}
+    # Timing prompts make the drafter fill most of k.
+    assert profile.drafts_per_req[(1, MAX_K)] > MAX_K / 2
+    table = profile.table_for("repetitive")
+    assert table.max_k == MAX_K and table.max_batch_size == profile.max_num_seqs
+    engine.set_table(table)  # vLLM's own validator runs here
+    before = engine.num_records()
+    engine.generate([engine.chat_prompt(p) for p in builtin("repetitive").head(3)], max_tokens=24)
+    for r in engine.records_since(before):
+        assert r.k_next == table.lookup(r.batch_size)
+
+
+def _serve_adaptive(tmp_path: Path, profile: Path, extra_env: dict[str, str]):
+    env_backup = dict(os.environ)
+    os.environ.update(extra_env)
+    try:
+        return _start_serve(tmp_path, "--adaptive", "--profile", str(profile),
+                            "--state-file", str(tmp_path / "state.json"),
+                            "--max-k", str(MAX_K), "--table", f"[[1,16,{MAX_K}]]",
+                            "--prompt-lookup-min", "1", "--prompt-lookup-max", "2")
+    finally:
+        os.environ.clear()
+        os.environ.update(env_backup)
+
+
+def _drive(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> list[str]:
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda p: _complete(url, p, max_tokens), prompts))
+
+
+def test_adaptive_plugin_rewrites_table_on_low_acceptance(engine, tiny_profile: Path,
+                                                          tmp_path: Path) -> None:
+    prompts = [engine.chat_prompt(p) for p in builtin("sharegpt").head(8)]
+    proc, url, step_log = _serve_adaptive(tmp_path, tiny_profile,
+                                          {"LOADWISE_ADAPTIVE_CONFIG": FAST_CONTROLLER})
+    try:
+        outputs = _drive(url, prompts, concurrency=4, max_tokens=64)
+        time.sleep(1.5)  # the exporter refreshes at most once a second
+        _drive(url, prompts[:1], 1, 4)
+        metrics = requests.get(f"{url}/metrics", timeout=10).text
+        status = subprocess.run([sys.executable, "-m", "loadwise.cli", "status", "--url", url],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        log = _stop(proc)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["status"] == "adaptive"
+    assert state["num_changes"] >= 1, log[-3000:]
+    start = DraftLengthTable.parse([[1, 16, MAX_K]], MAX_K)
+    live = DraftLengthTable.parse(state["table"], MAX_K)
+    assert live != start and min(r.k for r in live.ranges) < MAX_K
+    assert "loadwise: table" in log  # one log line per change, old -> new and why
+    assert "loadwise_draft_k{" in metrics and "loadwise_table_changes" in metrics
+    assert "live table:" in status.stdout, status.stdout + status.stderr
+    # The table applied per step is the one the plugin says it set (after its last change).
+    steps = [json.loads(line) for line in step_log.read_text().splitlines()]
+    last_change_step = state["changes"][-1]["step"]
+    after = [s for s in steps[last_change_step:] if s["num_prefill_tokens"] == 0]
+    assert after, "no decode steps after the last change"
+    for s in after:
+        assert s["k_next"] == live.lookup(s["batch_size"])
+    # Greedy output is unchanged by whatever the plugin did.
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    reference = [c.text for c in engine.generate(prompts, max_tokens=64)]
+    assert outputs == reference
+
+
+def test_failing_plugin_leaves_engine_serving_static_table(engine, tiny_profile: Path,
+                                                           tmp_path: Path) -> None:
+    prompts = [engine.chat_prompt(p) for p in builtin("sharegpt").head(4)]
+    proc, url, step_log = _serve_adaptive(
+        tmp_path, tiny_profile,
+        {"LOADWISE_ADAPTIVE_CONFIG": FAST_CONTROLLER, "LOADWISE_ADAPTIVE_FAIL_AFTER_STEPS": "15"})
+    try:
+        first = _drive(url, prompts, concurrency=2, max_tokens=32)
+        second = _drive(url, prompts, concurrency=2, max_tokens=32)  # after the failure
+        assert requests.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        log = _stop(proc)
+    assert first == second and all(first)
+    assert "adaptive controller failed; back to the static table" in log
+    assert json.loads((tmp_path / "state.json").read_text())["status"] == "failed"
+    steps = [json.loads(line) for line in step_log.read_text().splitlines()]
+    assert len(steps) > 15
+    assert all(s["k_next"] == MAX_K for s in steps[16:] if s["num_prefill_tokens"] == 0)
