@@ -46,6 +46,7 @@ def register() -> None:
     if _registered or not os.environ.get(ENV_PROFILE):
         return
     _registered = True
+    _ensure_log_handler()
     try:
         # Children (the engine core) inherit the environment: both sides agree on the file.
         os.environ.setdefault(ENV_STATE, str(Path(tempfile.gettempdir())
@@ -56,6 +57,17 @@ def register() -> None:
         _default_to_loadwise_scheduler()
     except Exception:  # noqa: BLE001 - a plugin must not break vLLM's start
         logger.exception("loadwise: plugin registration failed; vLLM runs without it")
+
+
+def _ensure_log_handler() -> None:
+    # vLLM configures only its own logger; give ours a handler so INFO lines reach the log.
+    lw = logging.getLogger("loadwise")
+    if not lw.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        lw.addHandler(handler)
+        lw.setLevel(logging.INFO)
+        lw.propagate = False
 
 
 def _default_to_loadwise_scheduler() -> None:
@@ -129,7 +141,7 @@ class AdaptiveObserver:
             record.draft_tokens_per_pos, record.accepted_per_pos, record.k_next)
         if decision is not None:
             scheduler.set_table(decision.table.to_vllm())
-            logger.warning("loadwise: table %s -> %s: %s", decision.previous, decision.table,
+            logger.info("loadwise: table %s -> %s: %s", decision.previous, decision.table,
                            decision.reason)
             self.history.append({"time_s": time.time(), "step": self.controller.steps,
                                  "old": decision.previous.to_vllm(), "new": decision.table.to_vllm(),
@@ -183,7 +195,7 @@ def attach_controller(scheduler: Any) -> None:
     observer = AdaptiveObserver(controller, static, os.environ.get(ENV_STATE))
     scheduler.loadwise_observers.append(observer)
     observer._write_state(status="adaptive")
-    logger.warning("loadwise: adaptive draft-length tables on (profile %s, start table %s)",
+    logger.info("loadwise: adaptive draft-length tables on (profile %s, start table %s)",
                    path, static)
 
 

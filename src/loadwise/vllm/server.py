@@ -87,8 +87,9 @@ class ServerProcess:
                 if log:
                     log.write(line + "\n")
                     log.flush()
-                if self.echo:
-                    print(line, file=sys.stderr)
+                # loadwise's own lines (table changes, fallbacks) always reach the operator.
+                if self.echo or "loadwise" in line:
+                    print(line, file=sys.stderr, flush=True)
         finally:
             if log:
                 log.close()
