@@ -142,7 +142,13 @@ def _int_list(value: str) -> tuple[int, ...]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from loadwise.measure.workloads import resolve_many
     from loadwise.report import write_reports
@@ -180,7 +186,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.table import Table
 
     from loadwise.evaluate import EvalConfig, run_evaluate, save, timestamp
@@ -349,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - last resort: say what failed, not a traceback
+    except Exception as exc:
         if os.environ.get("LOADWISE_DEBUG"):
             raise
         err.print(f"[red]error:[/] {type(exc).__name__}: {exc}\n(set LOADWISE_DEBUG=1 for a traceback)")

@@ -168,8 +168,7 @@ def builtin(name: str, size: int = 200) -> Workload:
     return Workload(name, prompts)
 
 
-_TIMING_WORDS = ("apple river stone cloud music paper green window silver forest candle bridge "
-                 "orange tiger planet garden copper violin winter harbor").split()
+_TIMING_WORDS = ["apple", "river", "stone", "cloud", "music", "paper", "green", "window", "silver", "forest", "candle", "bridge", "orange", "tiger", "planet", "garden", "copper", "violin", "winter", "harbor"]
 
 
 def timing_prompts(n: int = 64, seed: int = 0) -> Workload:

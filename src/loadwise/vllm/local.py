@@ -162,5 +162,5 @@ class LocalEngine:
     def shutdown(self) -> None:
         try:
             self.engine.engine_core.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:
             logger.debug("engine shutdown raised", exc_info=True)

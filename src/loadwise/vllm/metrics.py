@@ -61,7 +61,7 @@ class LoadwiseStatLogger(StatLoggerBase):
         self.last_refresh_s = now
         try:
             self.refresh()
-        except Exception:  # noqa: BLE001 - metrics must never break serving
+        except Exception:
             self.broken = True
             logger.exception("loadwise: cannot export adaptive-table metrics; exporter off")
 

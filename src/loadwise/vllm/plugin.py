@@ -55,7 +55,7 @@ def register() -> None:
 
         lw_sched.add_init_hook(attach_controller)
         _default_to_loadwise_scheduler()
-    except Exception:  # noqa: BLE001 - a plugin must not break vLLM's start
+    except Exception:
         logger.exception("loadwise: plugin registration failed; vLLM runs without it")
 
 
@@ -123,14 +123,14 @@ class AdaptiveObserver:
             return
         try:
             self._step(record, scheduler)
-        except Exception:  # noqa: BLE001 - never into vLLM's step
+        except Exception:
             self.failed = True
             logger.exception("loadwise: adaptive controller failed; back to the static table %s",
                              self.static_table)
             try:
                 scheduler.set_table(self.static_table.to_vllm())
                 self._write_state(status="failed")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("loadwise: could not restore the static table")
 
     def _step(self, record: StepRecord, scheduler: Any) -> None:

@@ -70,7 +70,7 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             for hook in _INIT_HOOKS:
                 try:
                     hook(self)
-                except Exception:  # noqa: BLE001 - a hook must never take the engine down
+                except Exception:
                     logger.exception("loadwise: scheduler init hook %r failed; ignored", hook)
 
         # --- table ------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             for observer in list(self.loadwise_observers):
                 try:
                     observer(record, self)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("loadwise: step observer %r failed; removed", observer)
                     self.loadwise_observers.remove(observer)
 
