@@ -17,7 +17,7 @@ from typing import Any
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.measure.workloads import Workload
-from loadwise.policy.goodput import predict_table_goodput
+from loadwise.policy.goodput import closed_loop_throughput, goodput
 from loadwise.policy.table import DraftLengthTable
 from loadwise.tune import TunableEngine
 
@@ -62,6 +62,7 @@ def run_evaluate(
     for w in workloads:
         configs = configurations(profile, w.name)
         acc = profile.acceptance_for(w.name)
+        prompt_per_output = profile.acceptance[w.name].prompt_per_output
         samples: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
         for c in cfg.loads:
             for r in range(cfg.repeats):
@@ -91,19 +92,26 @@ def run_evaluate(
             for name, table in configs:
                 s = stats[name]
                 loss = 1.0 - s.median / best_s.median
-                predicted = predict_table_goodput(table, c, times, acc)
+                k = table.lookup(c)
+                decode_only = goodput(c, k, times, acc)
+                predicted = (decode_only if profile.prefill_s_per_token is None else
+                             closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
+                                                    prompt_per_output))
                 entry["configs"][name] = {
                     "table": table.to_vllm(), "samples_tok_s": samples[c][name],
                     "median_tok_s": s.median, "min_tok_s": min(samples[c][name]),
                     "max_tok_s": max(samples[c][name]),
                     "loss_vs_best_fixed": loss, "within_noise": abs(loss) <= noise,
                     "predicted_tok_s": predicted,
+                    "predicted_decode_only_tok_s": decode_only,
                     "prediction_rel_error": predicted / s.median - 1.0 if s.median else None,
                 }
             per_load.append(entry)
         results[w.name] = {
             "measured_table": profile.table_for(w.name).to_vllm(),
             "acceptance": list(acc.prefix_accept), "draft_rate": acc.draft_rate,
+            "prompt_per_output": prompt_per_output,
+            "prefill_s_per_token": profile.prefill_s_per_token,
             "loads": per_load,
         }
     return {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}

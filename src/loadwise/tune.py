@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
-from loadwise.measure.stats import AcceptanceCounter
+from loadwise.measure.stats import AcceptanceCounter, prefill_s_per_token, summarize
+from loadwise.policy.goodput import StepTimes
 from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm.config import EngineSpec
@@ -128,7 +129,9 @@ def measure_step_times(
     return dict(samples), mean_drafts
 
 
-def measure_acceptance(engine: TunableEngine, workload: Workload, cfg: TuneConfig) -> AcceptanceCounter:
+def measure_acceptance(
+    engine: TunableEngine, workload: Workload, cfg: TuneConfig
+) -> tuple[AcceptanceCounter, list[StepRecord]]:
     """vLLM's per-step accept counts while serving ``workload`` at max k (closed loop)."""
     spec = engine.spec
     engine.set_table(DraftLengthTable.fixed(spec.max_k, spec.max_k, spec.max_num_seqs))
@@ -137,12 +140,13 @@ def measure_acceptance(engine: TunableEngine, workload: Workload, cfg: TuneConfi
         workload.cycle(cfg.seed), concurrency=cfg.acceptance_concurrency,
         duration_s=cfg.acceptance_seconds, max_tokens=cfg.acceptance_max_tokens,
     )
+    records = engine.records_since(before)
     counter = AcceptanceCounter(spec.max_k)
-    counter.add_all(engine.records_since(before))
+    counter.add_all(records)
     if counter.num_drafts == 0:
         raise TuneError(f"workload {workload.name!r} produced no drafts in "
                         f"{cfg.acceptance_seconds:.0f} s: cannot estimate acceptance")
-    return counter
+    return counter, records
 
 
 def run_tune(
@@ -170,14 +174,18 @@ def run_tune(
     samples, drafts = measure_step_times(engine, cfg, timing, advance)
     timing_s = time.perf_counter() - t0
     acceptance: dict[str, AcceptanceCounter] = {}
+    served: list[StepRecord] = []
     for w in workloads:
-        acceptance[w.name] = measure_acceptance(engine, templated(w), cfg)
+        acceptance[w.name], records = measure_acceptance(engine, templated(w), cfg)
+        served += records
         advance(f"acceptance {w.name}")
+    medians = StepTimes({key: summarize(v).median for key, v in samples.items()}, drafts)
     return Profile(
         model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k,
         max_num_seqs=spec.max_num_seqs,
         step_samples_s={key: tuple(v) for key, v in samples.items()},
         drafts_per_req=drafts, acceptance=acceptance,
+        prefill_s_per_token=prefill_s_per_token(served, medians),
         meta={
             "timing_s": round(timing_s, 1),
             "acceptance_s": round(time.perf_counter() - t0 - timing_s, 1),

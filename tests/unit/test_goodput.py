@@ -133,3 +133,15 @@ def test_step_time_follows_effective_drafts() -> None:
     acc = Acceptance((0.5, 0.25), draft_rate=0.5, reach=(1.0, 0.5))
     assert acc.expected_drafts(2) == pytest.approx(0.75)
     assert goodput(1, 2, t, acc) == pytest.approx((1 + 0.5 * 0.75) / 1.75)
+
+
+def test_closed_loop_throughput_prices_prefill() -> None:
+    from loadwise.policy.goodput import closed_loop_throughput
+
+    t = times_from(linear_tokens)
+    acc = Acceptance((0.8, 0.6, 0.4, 0.2))
+    assert closed_loop_throughput(4, 2, t, acc, 0.0, 3.0) == pytest.approx(goodput(4, 2, t, acc))
+    # 2 prompt tokens per output token at 1 ms each: 4 * 2.4 tokens bring 19.2 ms of prefill.
+    step = t.at(4, acc.expected_drafts(2))
+    assert closed_loop_throughput(4, 2, t, acc, 0.001, 2.0) == pytest.approx(
+        4 * 2.4 / (step + 0.001 * 4 * 2.4 * 2.0))

@@ -117,3 +117,19 @@ def test_unreadable_profile(tmp_path) -> None:
     bad.write_text("{")
     with pytest.raises(ProfileError, match="not valid JSON"):
         Profile.load(bad)
+
+
+def test_prefill_cost_is_recovered_from_mixed_steps() -> None:
+    from dataclasses import replace
+
+    from loadwise.measure.stats import prefill_s_per_token
+    from loadwise.policy.goodput import StepTimes
+
+    times = StepTimes({(b, k): 0.05 + 0.001 * b * (k + 1) for b in (1, 4) for k in range(3)})
+    steps = []
+    for n in (50, 100, 200):
+        r = rec(4, (0, 0, 0), (0, 0, 0), prefill=n)
+        steps.append(replace(r, step_time_s=times.at(4, 0) + 0.0002 * n))
+    steps.append(rec(4, (0, 0, 0), (0, 0, 0)))  # pure decode: ignored
+    assert prefill_s_per_token(steps, times) == pytest.approx(0.0002)
+    assert prefill_s_per_token(steps[-1:], times) is None

@@ -34,6 +34,8 @@ class Profile:
     drafts_per_req: Mapping[tuple[int, int], float]
     acceptance: Mapping[str, AcceptanceCounter]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # Extra seconds per prefilled prompt token in a mixed step (None: not measured).
+    prefill_s_per_token: float | None = None
 
     def step_times(self) -> StepTimes:
         return StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()},
@@ -65,6 +67,7 @@ class Profile:
                 for (b, k), v in sorted(self.step_samples_s.items())
             ],
             "acceptance": {name: c.to_json() for name, c in self.acceptance.items()},
+            "prefill_s_per_token": self.prefill_s_per_token,
             "meta": dict(self.meta),
         }
 
@@ -91,6 +94,8 @@ class Profile:
                 drafts_per_req=drafts,
                 acceptance={n: AcceptanceCounter.from_json(c) for n, c in d["acceptance"].items()},
                 meta=dict(d.get("meta", {})),
+                prefill_s_per_token=(None if d.get("prefill_s_per_token") is None
+                                     else float(d["prefill_s_per_token"])),
             )
         except ProfileError:
             raise

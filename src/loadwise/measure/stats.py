@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loadwise.measure.records import StepRecord
-from loadwise.policy.goodput import Acceptance
+from loadwise.policy.goodput import Acceptance, StepTimes
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,10 @@ class AcceptanceCounter:
     request_steps: int = 0
     accepted_per_pos: list[int] | None = None
     drafted_per_pos: list[int] | None = None
+    # Prompt tokens prefilled and output tokens produced while serving the workload: their ratio
+    # prices prefill into closed-loop throughput predictions.
+    prompt_tokens: int = 0
+    output_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = self.accepted_per_pos or [0] * self.max_k
@@ -56,6 +60,8 @@ class AcceptanceCounter:
     def add(self, record: StepRecord, speculating: bool = True) -> None:
         assert self.accepted_per_pos is not None and self.drafted_per_pos is not None
         self.num_drafts += record.num_drafts
+        self.prompt_tokens += record.num_prefill_tokens
+        self.output_tokens += record.num_decode_reqs + record.num_accepted_tokens
         if speculating:
             self.request_steps += record.num_decode_reqs
         for i in range(min(self.max_k, len(record.accepted_per_pos))):
@@ -84,10 +90,15 @@ class AcceptanceCounter:
         reach = tuple(min(1.0, d / self.num_drafts) for d in self.drafted_per_pos)
         return Acceptance(tuple(u), rate, reach)
 
+    @property
+    def prompt_per_output(self) -> float:
+        return self.prompt_tokens / self.output_tokens if self.output_tokens else 0.0
+
     def to_json(self) -> dict[str, object]:
         return {"max_k": self.max_k, "num_drafts": self.num_drafts,
                 "request_steps": self.request_steps, "accepted_per_pos": self.accepted_per_pos,
-                "drafted_per_pos": self.drafted_per_pos}
+                "drafted_per_pos": self.drafted_per_pos, "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens}
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> AcceptanceCounter:
@@ -97,4 +108,22 @@ class AcceptanceCounter:
             request_steps=int(d["request_steps"]),  # type: ignore[call-overload]
             accepted_per_pos=[int(x) for x in d["accepted_per_pos"]],  # type: ignore[attr-defined]
             drafted_per_pos=[int(x) for x in d["drafted_per_pos"]],  # type: ignore[attr-defined]
+            prompt_tokens=int(d.get("prompt_tokens", 0)),  # type: ignore[call-overload]
+            output_tokens=int(d.get("output_tokens", 0)),  # type: ignore[call-overload]
         )
+
+
+def prefill_s_per_token(records: Iterable[StepRecord], times: StepTimes) -> float | None:
+    """Extra step time per prefilled prompt token: steps that mix prefill into decoding cost
+    T(b, drafts) plus this much per prompt token (least squares through the origin)."""
+    num = 0.0
+    den = 0.0
+    for r in records:
+        if r.num_prefill_tokens <= 0:
+            continue
+        # The decoding part of the step (a pure prefill step still pays a step's fixed cost).
+        drafts = min(r.num_draft_tokens / max(r.num_decode_reqs, 1), times.max_k)
+        base = times.at(max(r.num_decode_reqs, 1), drafts)
+        num += (r.step_time_s - base) * r.num_prefill_tokens
+        den += r.num_prefill_tokens**2
+    return max(num / den, 0.0) if den else None

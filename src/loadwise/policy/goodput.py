@@ -189,6 +189,18 @@ def goodput(b: float, k: int, times: StepTimes, acc: Acceptance) -> float:
     return b * acc.expected_tokens(k) / times.at(b, acc.expected_drafts(k))
 
 
+def closed_loop_throughput(
+    b: float, k: int, times: StepTimes, acc: Acceptance, prefill_s_per_token: float,
+    prompt_per_output: float,
+) -> float:
+    """Output tokens/s of b clients in closed loop, prefill included: every output token brings
+    ``prompt_per_output`` prompt tokens to prefill at ``prefill_s_per_token`` each, on top of
+    decode steps of T(b, drafts) producing b * E(k) tokens."""
+    tokens = b * acc.expected_tokens(k)
+    step_s = times.at(b, acc.expected_drafts(k))
+    return tokens / (step_s + prefill_s_per_token * tokens * prompt_per_output)
+
+
 def goodput_grid(
     batch_sizes: Sequence[int], times: StepTimes, acc: Acceptance, max_k: int | None = None
 ) -> dict[tuple[int, int], float]:
@@ -217,12 +229,6 @@ def best_table(
     choices = [choose(b, times, acc, top) for b in range(1, max_batch_size + 1)]
     table = DraftLengthTable.from_mapping({c.batch_size: c.k for c in choices}, top)
     return table, choices
-
-
-def predict_table_goodput(
-    table: DraftLengthTable, b: float, times: StepTimes, acc: Acceptance
-) -> float:
-    return goodput(b, min(table.lookup(max(1, round(b))), _usable_max_k(times, acc, None)), times, acc)
 
 
 def _usable_max_k(times: StepTimes, acc: Acceptance, max_k: int | None) -> int:
