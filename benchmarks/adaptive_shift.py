@@ -153,8 +153,7 @@ def main() -> None:
                       prompt_lookup_min=args.prompt_lookup_min,
                       prompt_lookup_max=args.prompt_lookup_max)
     engine = LocalEngine(spec)
-    workloads = {n: Workload(n, tuple(engine.chat_prompt(p) for p in builtin(n).prompts))
-                 for n in ("repetitive", "sharegpt")}
+    workloads = {n: builtin(n).map(engine.chat_prompt) for n in ("repetitive", "sharegpt")}
     runs = []
     t0 = time.perf_counter()
     for load in (int(x) for x in args.loads.split(",")):

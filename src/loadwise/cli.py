@@ -213,7 +213,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     args.max_num_seqs = profile.max_num_seqs
     spec = _engine_spec(args, None, prefix_caching=False)
     engine = LocalEngine(spec)
-    templated = [type(w)(w.name, tuple(engine.chat_prompt(p) for p in w.prompts)) for w in workloads]
+    templated = [w.map(engine.chat_prompt) for w in workloads]
     n_cfg = profile.max_k + 3
     total = len(workloads) * len(cfg.loads) * cfg.repeats * n_cfg
     t0 = time.perf_counter()

@@ -164,9 +164,7 @@ def run_tune(
                         f"max_num_seqs {spec.max_num_seqs}")
 
     def templated(w: Workload) -> Workload:
-        if not chat_prompts:
-            return w
-        return Workload(w.name, tuple(engine.chat_prompt(p) for p in w.prompts))
+        return w.map(engine.chat_prompt) if chat_prompts else w
 
     t0 = time.perf_counter()
     # Timing uses prompts that repeat a block, so the drafter proposes (nearly) full k drafts.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,10 @@ class Workload:
         while True:
             rng.shuffle(order)
             yield from order
+
+    def map(self, fn: Callable[[str], str]) -> Workload:
+        """The same workload with every prompt transformed (e.g. a chat template applied)."""
+        return Workload(self.name, tuple(fn(p) for p in self.prompts))
 
     def head(self, n: int) -> list[str]:
         it = self.cycle()
