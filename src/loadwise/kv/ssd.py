@@ -1,0 +1,288 @@
+"""SSD medium: per-session append-only extents in real files, a checksummed journal index.
+
+Layout under ``root``:
+  extents/<extent_id>.ext   preallocated files; one session's blocks are appended back to back
+  index.journal             append-only records: PUT (key -> extent, offset, length, crc32) and
+                            DROP (extent evicted); every record carries its own CRC
+
+Durability invariants:
+  * a put is acknowledged only after its data is fsync'ed and then its journal record is
+    fsync'ed, so an acknowledged block survives kill -9;
+  * on open, the journal is replayed up to the first torn or corrupt record and truncated there:
+    unacknowledged blocks are simply absent;
+  * every read verifies the block's CRC32: a torn or corrupt block is reported missing, never
+    returned.
+Blocks never move. Eviction drops whole extents (least recently used session first).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0x4C574B56  # "LWKV"
+HEADER = struct.Struct("<IIBI")  # magic, crc of body, op, body length
+PUT = struct.Struct("<QQIQII")  # key, session, extent, offset, length, block crc
+DROP = struct.Struct("<I")  # extent id
+OP_PUT, OP_DROP = 1, 2
+
+
+class StoreError(RuntimeError):
+    """Storage problem the user must act on (unwritable directory, full disk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    extent: int
+    offset: int
+    length: int
+    crc: int
+
+
+@dataclass(slots=True)
+class Extent:
+    extent_id: int
+    session: int
+    capacity_bytes: int
+    used_bytes: int = 0
+
+
+class SSDMedium:
+    def __init__(self, root: str | Path, capacity_bytes: int, extent_bytes: int,
+                 fsync: bool = True) -> None:
+        if extent_bytes <= 0 or capacity_bytes < extent_bytes:
+            raise StoreError(f"SSD capacity {capacity_bytes} B must hold at least one extent "
+                             f"of {extent_bytes} B")
+        self.root = Path(root)
+        self.capacity_bytes = capacity_bytes
+        self.extent_bytes = extent_bytes
+        self.fsync = fsync
+        try:
+            (self.root / "extents").mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.root / "index.journal", "ab+")  # noqa: SIM115
+        except OSError as exc:
+            raise StoreError(f"cannot use {self.root} for the SSD store: {exc.strerror}") from exc
+        self.index: dict[int, Location] = {}
+        self.extents: OrderedDict[int, Extent] = OrderedDict()  # LRU order, oldest first
+        self.session_extent: dict[int, int] = {}
+        self.blocks_in_extent: dict[int, list[int]] = {}
+        self._fds: dict[int, int] = {}
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.read_calls = 0
+        self.recovered_records = 0
+        self.truncated_bytes = 0
+        self._recover()
+
+    # --- recovery -----------------------------------------------------------------------
+    def _recover(self) -> None:
+        self._journal.seek(0)
+        data = self._journal.read()
+        pos = 0
+        while pos + HEADER.size <= len(data):
+            magic, crc, op, n = HEADER.unpack_from(data, pos)
+            body = data[pos + HEADER.size: pos + HEADER.size + n]
+            if magic != MAGIC or len(body) != n or zlib.crc32(bytes([op]) + body) != crc:
+                break
+            if op == OP_PUT and n == PUT.size:
+                key, session, extent, offset, length, bcrc = PUT.unpack(body)
+                self._index_put(key, session, extent, offset, length, bcrc)
+            elif op == OP_DROP and n == DROP.size:
+                self._forget_extent(DROP.unpack(body)[0])
+            else:
+                break
+            pos += HEADER.size + n
+            self.recovered_records += 1
+        if pos < len(data):
+            self.truncated_bytes = len(data) - pos
+            self._journal.truncate(pos)
+            self._sync(self._journal.fileno())
+        self._journal.seek(0, os.SEEK_END)
+        for path in (self.root / "extents").glob("*.ext"):
+            if int(path.stem) not in self.extents:
+                path.unlink()  # an extent whose blocks were never acknowledged
+
+    def _index_put(self, key: int, session: int, extent_id: int, offset: int, length: int,
+                   crc: int) -> None:
+        ext = self.extents.get(extent_id)
+        if ext is None:
+            ext = Extent(extent_id, session, max(self.extent_bytes, offset + length))
+            self.extents[extent_id] = ext
+            self.blocks_in_extent[extent_id] = []
+        ext.used_bytes = max(ext.used_bytes, offset + length)
+        self.session_extent[session] = extent_id
+        self.index[key] = Location(extent_id, offset, length, crc)
+        self.blocks_in_extent[extent_id].append(key)
+
+    def _forget_extent(self, extent_id: int) -> None:
+        ext = self.extents.pop(extent_id, None)
+        for key in self.blocks_in_extent.pop(extent_id, []):
+            loc = self.index.get(key)
+            if loc is not None and loc.extent == extent_id:
+                del self.index[key]
+        if ext is not None and self.session_extent.get(ext.session) == extent_id:
+            del self.session_extent[ext.session]
+
+    # --- writes -------------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        return sum(e.capacity_bytes for e in self.extents.values())
+
+    def put_many(self, session: int, blocks: Sequence[tuple[int, bytes]]) -> list[int]:
+        """Append blocks to the session's extent; returns the keys evicted to make room.
+        Returns only after the blocks are durable (see module invariants)."""
+        evicted: list[int] = []
+        records: list[bytes] = []
+        touched: set[int] = set()
+        for key, payload in blocks:
+            if key in self.index:
+                continue
+            if len(payload) > self.extent_bytes:
+                raise StoreError(f"block of {len(payload)} B exceeds the extent size "
+                                 f"{self.extent_bytes} B")
+            ext = self._extent_for(session, len(payload), evicted)
+            offset = ext.used_bytes
+            try:
+                os.pwrite(self._fd(ext.extent_id), payload, offset)
+            except OSError as exc:
+                raise self._io_error(exc) from exc
+            crc = zlib.crc32(payload)
+            records.append(self._record(OP_PUT, PUT.pack(key, session, ext.extent_id, offset,
+                                                         len(payload), crc)))
+            self._index_put(key, session, ext.extent_id, offset, len(payload), crc)
+            self.bytes_written += len(payload)
+            touched.add(ext.extent_id)
+        for extent_id in touched:
+            self._sync(self._fds[extent_id])
+        if records:
+            self._append_journal(records)
+        return evicted
+
+    def _extent_for(self, session: int, size: int, evicted: list[int]) -> Extent:
+        eid = self.session_extent.get(session)
+        if eid is not None:
+            ext = self.extents[eid]
+            if ext.used_bytes + size <= ext.capacity_bytes:
+                self.extents.move_to_end(eid)
+                return ext
+        while self.used_bytes + self.extent_bytes > self.capacity_bytes and self.extents:
+            evicted += self.evict_oldest()
+        new_id = max(self.extents, default=-1) + 1
+        new_id = max(new_id, self._next_free_id())
+        path = self.root / "extents" / f"{new_id}.ext"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, self.extent_bytes)
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+        self._fds[new_id] = fd
+        ext = Extent(new_id, session, self.extent_bytes)
+        self.extents[new_id] = ext
+        self.blocks_in_extent[new_id] = []
+        self.session_extent[session] = new_id
+        return ext
+
+    def _next_free_id(self) -> int:
+        ids = [int(p.stem) for p in (self.root / "extents").glob("*.ext")]
+        return max(ids, default=-1) + 1
+
+    def evict_oldest(self) -> list[int]:
+        """Drop the least recently used extent (journaled first, then its file)."""
+        eid, _ = next(iter(self.extents.items()))
+        keys = [k for k in self.blocks_in_extent.get(eid, [])
+                if (loc := self.index.get(k)) is not None and loc.extent == eid]
+        self._append_journal([self._record(OP_DROP, DROP.pack(eid))])
+        self._forget_extent(eid)
+        fd = self._fds.pop(eid, None)
+        if fd is not None:
+            os.close(fd)
+        (self.root / "extents" / f"{eid}.ext").unlink(missing_ok=True)
+        return keys
+
+    def _record(self, op: int, body: bytes) -> bytes:
+        return HEADER.pack(MAGIC, zlib.crc32(bytes([op]) + body), op, len(body)) + body
+
+    def _append_journal(self, records: Iterable[bytes]) -> None:
+        try:
+            self._journal.write(b"".join(records))
+            self._journal.flush()
+            self._sync(self._journal.fileno())
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+
+    def _sync(self, fd: int) -> None:
+        if self.fsync:
+            os.fsync(fd)
+
+    def _io_error(self, exc: OSError) -> StoreError:
+        if exc.errno == errno.ENOSPC:
+            return StoreError(f"disk full under {self.root}: free space or lower the SSD capacity")
+        return StoreError(f"I/O error under {self.root}: {exc.strerror}")
+
+    def _fd(self, extent_id: int) -> int:
+        fd = self._fds.get(extent_id)
+        if fd is None:
+            fd = os.open(self.root / "extents" / f"{extent_id}.ext", os.O_RDWR)
+            self._fds[extent_id] = fd
+        return fd
+
+    # --- reads --------------------------------------------------------------------------
+    def contains(self, key: int) -> bool:
+        return key in self.index
+
+    def get_many(self, keys: Sequence[int]) -> list[bytes | None]:
+        """Blocks in the order asked; contiguous blocks of one extent come back in one read."""
+        out: list[bytes | None] = [None] * len(keys)
+        wanted = sorted(
+            ((self.index[k], i) for i, k in enumerate(keys) if k in self.index),
+            key=lambda li: (li[0].extent, li[0].offset),
+        )
+        run: list[tuple[Location, int]] = []
+        for loc, i in wanted + [(Location(-1, -1, 0, 0), -1)]:
+            if run and (loc.extent != run[-1][0].extent
+                        or loc.offset != run[-1][0].offset + run[-1][0].length):
+                self._read_run(run, out)
+                run = []
+            if i >= 0:
+                run.append((loc, i))
+        for loc, _ in wanted:
+            if loc.extent in self.extents:
+                self.extents.move_to_end(loc.extent)
+        return out
+
+    def _read_run(self, run: list[tuple[Location, int]], out: list[bytes | None]) -> None:
+        first = run[0][0]
+        total = sum(loc.length for loc, _ in run)
+        try:
+            data = os.pread(self._fd(first.extent), total, first.offset)
+        except OSError:
+            return
+        self.read_calls += 1
+        self.bytes_read += len(data)
+        pos = 0
+        for loc, i in run:
+            chunk = data[pos: pos + loc.length]
+            pos += loc.length
+            # A torn or corrupt block is missing, never returned.
+            if len(chunk) == loc.length and zlib.crc32(chunk) == loc.crc:
+                out[i] = chunk
+
+    def drop_page_cache(self) -> None:
+        """Ask the kernel to forget cached pages of every extent (for bandwidth measurements)."""
+        for eid in self.extents:
+            fd = self._fd(eid)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._journal.close()
