@@ -1,0 +1,103 @@
+"""Where a KV block lives: placement policies behind one interface, selected by name.
+
+A policy is consulted at three moments and nowhere else, so the same object drives the real
+store (``loadwise.kv.store``) and the trace replay (``loadwise.kv.replay``):
+
+  * ``home(info)``          a block is created: memory, SSD, or not stored;
+  * ``offload_on_evict()``  memory evicts a block: write it to SSD (tiered) or drop it (flat);
+  * ``promote_on_hit()``    a block is read from SSD: also copy it into memory (tiered) or not.
+
+Invariant of the flat design: a block's medium is fixed at creation; it never migrates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Medium(str, Enum):
+    MEMORY = "memory"
+    SSD = "ssd"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """What is known when a block is created.
+
+    ``block_index``: position of the block in its request's prompt; ``prompt_blocks``: blocks in
+    that prompt (the session's length so far, since each turn re-sends the conversation);
+    ``seen_prefix_refs``: how many earlier requests referenced this block's parent prefix.
+    """
+
+    key: int
+    session: int
+    block_index: int
+    prompt_blocks: int
+    seen_prefix_refs: int
+
+
+class PlacementPolicy(ABC):
+    name: str
+
+    @abstractmethod
+    def home(self, info: BlockInfo) -> Medium | None:
+        """Medium for a new block; None: do not store it."""
+
+    def offload_on_evict(self) -> bool:
+        return False
+
+    def promote_on_hit(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class FlatPolicy(PlacementPolicy):
+    """Memory and SSD at one level, decided at creation.
+
+    Shared prefixes (the leading ``shared_prefix_blocks`` of every prompt, where system prompts
+    sit, or blocks whose parent prefix other requests already used) and short sessions go to
+    memory; blocks of sessions longer than ``short_session_blocks`` go straight to SSD, appended
+    contiguously to their session's extent.
+    """
+
+    name: str = "flat"
+    shared_prefix_blocks: int = 1
+    short_session_blocks: int = 8
+
+    def home(self, info: BlockInfo) -> Medium | None:
+        if info.block_index < self.shared_prefix_blocks or info.seen_prefix_refs >= 2:
+            return Medium.MEMORY
+        if info.prompt_blocks <= self.short_session_blocks:
+            return Medium.MEMORY
+        return Medium.SSD
+
+
+@dataclass(frozen=True, slots=True)
+class TieredPolicy(PlacementPolicy):
+    """The usual design: memory is an LRU cache in front of the SSD. New blocks go to memory;
+    evicted blocks are written to SSD (at a bounded offload rate, enforced by the store or the
+    replay's device model); SSD hits are promoted back to memory."""
+
+    name: str = "tiered"
+
+    def home(self, info: BlockInfo) -> Medium | None:
+        return Medium.MEMORY
+
+    def offload_on_evict(self) -> bool:
+        return True
+
+    def promote_on_hit(self) -> bool:
+        return True
+
+
+POLICIES: dict[str, Callable[[], PlacementPolicy]] = {"flat": FlatPolicy, "tiered": TieredPolicy}
+
+
+def create_policy(name: str) -> PlacementPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown placement policy {name!r}: choose from {sorted(POLICIES)}") from None

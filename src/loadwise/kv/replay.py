@@ -1,0 +1,284 @@
+"""Trace replay: each request looks up its longest stored prefix (read back), recomputes the
+rest and stores its new blocks, under a placement policy and a finite-bandwidth device.
+
+The media are simulated (block accounting, same layout rules as the real store: memory LRU by
+block, SSD per-session extents evicted whole); time comes from a :class:`DeviceModel` whose
+numbers are measured on the real store (``loadwise.kv.bench``). One device queue serves reads
+and writes: a prefix read that would wait longer than ``max_read_wait_s`` is abandoned (its
+tokens are recomputed), a write that would start later than ``max_write_backlog_s`` is dropped
+(the block is lost). Load is raised by compressing arrival times (``speedup``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loadwise.kv.placement import BlockInfo, Medium, PlacementPolicy
+from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest
+
+OFFLOAD_STREAM = -1  # tiered offloads append to one log, in eviction order
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceModel:
+    read_bw_bytes_s: float
+    write_bw_bytes_s: float
+    read_latency_s: float
+    max_read_wait_s: float = 0.5
+    max_write_backlog_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if min(self.read_bw_bytes_s, self.write_bw_bytes_s) <= 0 or self.read_latency_s < 0:
+            raise ValueError("device bandwidths must be > 0 and latency >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    block_bytes: int
+    memory_bytes: int
+    ssd_bytes: int
+    extent_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        if self.block_bytes <= 0 or self.memory_bytes < 0 or self.ssd_bytes < 0:
+            raise ValueError("block size must be > 0 and capacities >= 0")
+        if self.extent_blocks < 1:
+            raise ValueError("extent_blocks must be >= 1")
+
+
+class SimMemory:
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.blocks
+
+    def touch(self, key: int) -> None:
+        if key in self.blocks:
+            self.blocks.move_to_end(key)
+
+    def insert(self, key: int) -> list[int]:
+        """Store a block (most recent); returns the blocks evicted to make room (LRU)."""
+        if self.capacity_blocks <= 0:
+            return [key]
+        if key in self.blocks:
+            self.blocks.move_to_end(key)
+            return []
+        self.blocks[key] = None
+        evicted = []
+        while len(self.blocks) > self.capacity_blocks:
+            evicted.append(self.blocks.popitem(last=False)[0])
+        return evicted
+
+
+class SimSSD:
+    """Per-session extents of ``extent_blocks`` slots; blocks never move; LRU extent eviction."""
+
+    def __init__(self, capacity_blocks: int, extent_blocks: int) -> None:
+        self.max_extents = capacity_blocks // extent_blocks
+        self.extent_blocks = extent_blocks
+        self.where: dict[int, tuple[int, int]] = {}
+        self.extents: OrderedDict[int, list[int]] = OrderedDict()
+        self.open_extent: dict[int, int] = {}
+        self._next_id = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.where
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.where)
+
+    def append(self, session: int, key: int) -> None:
+        if self.max_extents <= 0 or key in self.where:
+            return
+        eid = self.open_extent.get(session)
+        if eid is None or eid not in self.extents or len(self.extents[eid]) >= self.extent_blocks:
+            while len(self.extents) >= self.max_extents:
+                old, keys = self.extents.popitem(last=False)
+                for k in keys:
+                    if self.where.get(k, (None,))[0] == old:
+                        del self.where[k]
+            eid = self._next_id
+            self._next_id += 1
+            self.extents[eid] = []
+            self.open_extent[session] = eid
+        self.where[key] = (eid, len(self.extents[eid]))
+        self.extents[eid].append(key)
+        self.extents.move_to_end(eid)
+
+    def runs(self, keys: Sequence[int]) -> int:
+        """Read calls needed: contiguous slots of one extent coalesce into one read."""
+        locs = sorted(self.where[k] for k in keys)
+        n = 0
+        prev: tuple[int, int] | None = None
+        for loc in locs:
+            if prev is None or loc[0] != prev[0] or loc[1] != prev[1] + 1:
+                n += 1
+            prev = loc
+        for eid in {loc[0] for loc in locs}:
+            self.extents.move_to_end(eid)
+        return n
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    policy: str
+    speedup: float
+    requests: int = 0
+    reusable_tokens: int = 0
+    read_back_tokens: int = 0
+    reusable_blocks: int = 0
+    hit_blocks: int = 0
+    hit_blocks_memory: int = 0
+    hit_blocks_ssd: int = 0
+    abandoned_read_blocks: int = 0
+    dropped_write_blocks: int = 0
+    bytes_written: dict[str, int] = field(default_factory=lambda: {"memory": 0, "ssd": 0})
+    bytes_read: dict[str, int] = field(default_factory=lambda: {"memory": 0, "ssd": 0})
+    ssd_read_calls: int = 0
+    ssd_busy_s: float = 0.0
+    duration_s: float = 0.0
+    memory_blocks_end: int = 0
+    ssd_blocks_end: int = 0
+
+    @property
+    def read_back_ratio(self) -> float:
+        return self.read_back_tokens / self.reusable_tokens if self.reusable_tokens else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["read_back_ratio"] = self.read_back_ratio
+        d["hit_ratio_blocks"] = self.hit_blocks / self.reusable_blocks if self.reusable_blocks else 1.0
+        d["ssd_read_bytes_s"] = self.bytes_read["ssd"] / self.duration_s if self.duration_s else 0.0
+        return d
+
+
+class Replayer:
+    def __init__(self, policy: PlacementPolicy, store: StoreConfig, device: DeviceModel,
+                 speedup: float = 1.0) -> None:
+        if speedup <= 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        self.policy = policy
+        self.store = store
+        self.device = device
+        self.speedup = speedup
+        self.memory = SimMemory(store.memory_bytes // store.block_bytes)
+        self.ssd = SimSSD(store.ssd_bytes // store.block_bytes, store.extent_blocks)
+        self.seen: set[int] = set()  # the infinite cache: the ceiling
+        self.refs: dict[int, int] = {}
+        self.busy_until = 0.0
+        self.stats = ReplayStats(policy.name, speedup)
+
+    def run(self, requests: Sequence[TraceRequest]) -> ReplayStats:
+        for req in requests:
+            self.request(req)
+        st = self.stats
+        if requests:
+            st.duration_s = max(requests[-1].arrival_s / self.speedup, self.busy_until) - \
+                requests[0].arrival_s / self.speedup
+        st.memory_blocks_end = len(self.memory.blocks)
+        st.ssd_blocks_end = self.ssd.num_blocks
+        return st
+
+    def _tokens(self, req: TraceRequest, i: int) -> int:
+        return min(BLOCK_TOKENS, req.input_tokens - i * BLOCK_TOKENS)
+
+    def request(self, req: TraceRequest) -> None:
+        st = self.stats
+        st.requests += 1
+        now = req.arrival_s / self.speedup
+        bb = self.store.block_bytes
+        ceiling = 0
+        for h in req.hash_ids:
+            if h not in self.seen:
+                break
+            ceiling += 1
+        st.reusable_blocks += ceiling
+        st.reusable_tokens += sum(self._tokens(req, i) for i in range(ceiling))
+        # Longest stored prefix, memory first (memory holds a copy in the tiered design).
+        found: list[Medium] = []
+        for h in req.hash_ids[:ceiling]:
+            if h in self.memory:
+                found.append(Medium.MEMORY)
+            elif h in self.ssd:
+                found.append(Medium.SSD)
+            else:
+                break
+        ssd_keys = [h for h, m in zip(req.hash_ids, found) if m is Medium.SSD]
+        usable = len(found)
+        if ssd_keys:
+            runs = self.ssd.runs(ssd_keys)
+            cost = runs * self.device.read_latency_s + len(ssd_keys) * bb / self.device.read_bw_bytes_s
+            start = max(now, self.busy_until)
+            if start - now > self.device.max_read_wait_s:
+                # The device is too far behind: recompute from the first block on SSD.
+                usable = found.index(Medium.SSD)
+                st.abandoned_read_blocks += len(found) - usable
+            else:
+                self.busy_until = start + cost
+                st.ssd_busy_s += cost
+                st.ssd_read_calls += runs
+                st.bytes_read["ssd"] += len(ssd_keys) * bb
+        hits = list(zip(req.hash_ids[:usable], found[:usable]))
+        for h, medium in hits:
+            if medium is Medium.MEMORY:
+                self.memory.touch(h)
+                st.hit_blocks_memory += 1
+                st.bytes_read["memory"] += bb
+            else:
+                st.hit_blocks_ssd += 1
+        # Promotions come after every memory hit was touched, so they evict colder blocks.
+        if self.policy.promote_on_hit():
+            for h, medium in hits:
+                if medium is Medium.SSD:
+                    self._to_memory(h, now)
+        st.hit_blocks += usable
+        st.read_back_tokens += sum(self._tokens(req, i) for i in range(usable))
+        # The rest is recomputed and its blocks created now.
+        ssd_batch: list[int] = []
+        for i in range(usable, len(req.hash_ids)):
+            h = req.hash_ids[i]
+            parent = req.hash_ids[i - 1] if i else None
+            info = BlockInfo(h, req.session, i, len(req.hash_ids),
+                             self.refs.get(parent, 0) if parent is not None else 0)
+            if h in self.memory or h in self.ssd:
+                continue
+            home = self.policy.home(info)
+            if home is Medium.MEMORY:
+                self._to_memory(h, now)
+            elif home is Medium.SSD:
+                ssd_batch.append(h)
+        if ssd_batch:
+            self._write_ssd(req.session, ssd_batch, now)
+        for h in req.hash_ids:
+            self.seen.add(h)
+            self.refs[h] = self.refs.get(h, 0) + 1
+
+    def _to_memory(self, key: int, now: float) -> None:
+        self.stats.bytes_written["memory"] += self.store.block_bytes
+        evicted = self.memory.insert(key)
+        if self.policy.offload_on_evict():
+            todo = [k for k in evicted if k not in self.ssd]
+            if todo:
+                self._write_ssd(OFFLOAD_STREAM, todo, now)
+
+    def _write_ssd(self, session: int, keys: list[int], now: float) -> None:
+        start = max(now, self.busy_until)
+        if start - now > self.device.max_write_backlog_s:
+            self.stats.dropped_write_blocks += len(keys)
+            return
+        cost = len(keys) * self.store.block_bytes / self.device.write_bw_bytes_s
+        self.busy_until = start + cost
+        self.stats.ssd_busy_s += cost
+        self.stats.bytes_written["ssd"] += len(keys) * self.store.block_bytes
+        for k in keys:
+            self.ssd.append(session, k)
+
+
+def unique_blocks(requests: Sequence[TraceRequest]) -> int:
+    return len({h for r in requests for h in r.hash_ids})

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadwise.kv.placement import POLICIES, BlockInfo, Medium, create_policy
+from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig
+from loadwise.kv.trace import TraceError, TraceRequest, read_trace
+
+FAST = DeviceModel(read_bw_bytes_s=1e12, write_bw_bytes_s=1e12, read_latency_s=0.0)
+
+
+def req(t: float, hashes: list[int]) -> TraceRequest:
+    return TraceRequest(t, 512 * len(hashes), 10, tuple(hashes))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_policy_contract(name: str) -> None:
+    policy = create_policy(name)
+    home = policy.home(BlockInfo(key=1, session=1, block_index=0, prompt_blocks=1,
+                                 seen_prefix_refs=0))
+    assert home in (Medium.MEMORY, Medium.SSD, None)
+    assert isinstance(policy.offload_on_evict(), bool) and isinstance(policy.promote_on_hit(), bool)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_unbounded_store_reads_back_everything(name: str) -> None:
+    trace = [req(0, [0, 1, 2]), req(1, [0, 1, 2, 3]), req(2, [0, 4]), req(3, [0, 1, 2, 3, 5])]
+    cfg = StoreConfig(block_bytes=1024, memory_bytes=1 << 30, ssd_bytes=1 << 30)
+    stats = Replayer(create_policy(name), cfg, FAST).run(trace)
+    assert stats.reusable_tokens == 512 * (3 + 1 + 4)
+    assert stats.read_back_ratio == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), min_size=1, max_size=40),
+       st.integers(0, 8), st.integers(0, 16), st.floats(1, 64))
+def test_replay_never_reads_more_than_the_ceiling(name: str, prompts: list[list[int]],
+                                                  mem_blocks: int, ssd_blocks: int,
+                                                  speedup: float) -> None:
+    # Chain hashes so equal ids mean equal prefixes, as in the trace.
+    trace = []
+    for i, p in enumerate(prompts):
+        chained, h = [], 0
+        for x in p:
+            h = hash((h, x)) & 0xFFFFFFFF
+            chained.append(h)
+        trace.append(req(i * 0.01, chained))
+    cfg = StoreConfig(block_bytes=1 << 20, memory_bytes=mem_blocks << 20,
+                      ssd_bytes=ssd_blocks << 20, extent_blocks=4)
+    slow = DeviceModel(read_bw_bytes_s=1e8, write_bw_bytes_s=1e8, read_latency_s=1e-3,
+                       max_read_wait_s=0.02, max_write_backlog_s=0.05)
+    r = Replayer(create_policy(name), cfg, slow, speedup)
+    s = r.run(trace)
+    assert 0 <= s.read_back_tokens <= s.reusable_tokens
+    assert s.hit_blocks == s.hit_blocks_memory + s.hit_blocks_ssd <= s.reusable_blocks
+    assert len(r.memory.blocks) <= max(mem_blocks, 0)
+    assert r.ssd.num_blocks <= (ssd_blocks // 4) * 4
+
+
+def test_flat_policy_places_at_creation() -> None:
+    flat = create_policy("flat")
+    assert flat.home(BlockInfo(1, 1, 0, 40, 0)) is Medium.MEMORY  # system-prompt region
+    assert flat.home(BlockInfo(2, 1, 3, 4, 0)) is Medium.MEMORY  # short chat
+    assert flat.home(BlockInfo(3, 1, 30, 40, 0)) is Medium.SSD  # long session
+    assert not flat.offload_on_evict() and not flat.promote_on_hit()
+    with pytest.raises(ValueError, match="unknown placement policy"):
+        create_policy("lru-magic")
+
+
+def test_trace_bad_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        '{"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [0, 1]}\n'
+        "not json\n"
+        '{"timestamp": 1, "input_length": 10, "output_length": 3, "hash_ids": [0, 1, 2]}\n'
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 7]}\n'
+    )
+    reqs, bad = read_trace(p)
+    assert [r.arrival_s for r in reqs] == [0.0, 0.005]
+    assert [b.lineno for b in bad] == [2, 3]
+    assert "cannot come from 10 input tokens" in bad[1].reason
+    with pytest.raises(TraceError, match=r"t.jsonl:2"):
+        read_trace(p, strict=True)
+    with pytest.raises(TraceError, match="cannot read"):
+        read_trace(tmp_path / "missing.jsonl")
