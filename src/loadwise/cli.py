@@ -335,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default="benchmarks/results")
     ev.set_defaults(func=cmd_evaluate)
 
+    from loadwise.kv.cli import add_parser as add_kv_parser
+
+    add_kv_parser(sub)
+
     status = sub.add_parser("status", help="live table and estimates of a running server")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.set_defaults(func=cmd_status)
@@ -353,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "kv":
+            return int(args.func(args, console))
         return int(args.func(args))
     except (TableError, EngineConfigError, UsageError, ValueError) as exc:
         # Our validation errors (tables, profiles, workloads, tune config) are ValueErrors

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
 from loadwise.measure.stats import AcceptanceCounter, prefill_s_per_token, summarize
-from loadwise.policy.goodput import StepTimes
 from loadwise.measure.workloads import Workload, timing_prompts
+from loadwise.policy.goodput import StepTimes
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm.config import EngineSpec
 

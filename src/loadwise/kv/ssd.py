@@ -237,9 +237,9 @@ class SSDMedium:
     def contains(self, key: int) -> bool:
         return key in self.index
 
-    def get_many(self, keys: Sequence[int]) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[int]) -> list[bytes | memoryview | None]:
         """Blocks in the order asked; contiguous blocks of one extent come back in one read."""
-        out: list[bytes | None] = [None] * len(keys)
+        out: list[bytes | memoryview | None] = [None] * len(keys)
         wanted = sorted(
             ((self.index[k], i) for i, k in enumerate(keys) if k in self.index),
             key=lambda li: (li[0].extent, li[0].offset),
@@ -257,7 +257,8 @@ class SSDMedium:
                 self.extents.move_to_end(loc.extent)
         return out
 
-    def _read_run(self, run: list[tuple[Location, int]], out: list[bytes | None]) -> None:
+    def _read_run(self, run: list[tuple[Location, int]],
+                  out: list[bytes | memoryview | None]) -> None:
         first = run[0][0]
         total = sum(loc.length for loc, _ in run)
         try:
@@ -266,9 +267,11 @@ class SSDMedium:
             return
         self.read_calls += 1
         self.bytes_read += len(data)
+        # Blocks are views into the one buffer read: no copy per block.
+        view = memoryview(data)
         pos = 0
         for loc, i in run:
-            chunk = data[pos: pos + loc.length]
+            chunk = view[pos: pos + loc.length]
             pos += loc.length
             # A torn or corrupt block is missing, never returned.
             if len(chunk) == loc.length and zlib.crc32(chunk) == loc.crc:

@@ -1,0 +1,93 @@
+"""Measure the real SSD store: write bandwidth, coalesced session-read bandwidth, per-read latency,
+and the disk's sequential read bandwidth with one large plain file (both with the page cache
+dropped), giving the :class:`DeviceModel` the replay uses."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from loadwise.kv.replay import DeviceModel
+from loadwise.kv.ssd import SSDMedium
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMeasurement:
+    block_bytes: int
+    total_bytes: int
+    write_bw_bytes_s: float
+    session_read_bw_bytes_s: float
+    sequential_file_read_bw_bytes_s: float
+    random_block_read_s: float
+
+    @property
+    def session_vs_sequential(self) -> float:
+        return self.session_read_bw_bytes_s / self.sequential_file_read_bw_bytes_s
+
+    def model(self, max_read_wait_s: float = 0.5, max_write_backlog_s: float = 2.0) -> DeviceModel:
+        # Latency per read call beyond what bandwidth explains.
+        latency = max(self.random_block_read_s - self.block_bytes / self.session_read_bw_bytes_s, 0.0)
+        return DeviceModel(self.session_read_bw_bytes_s, self.write_bw_bytes_s, latency,
+                           max_read_wait_s, max_write_backlog_s)
+
+    def to_json(self) -> dict[str, float]:
+        d = asdict(self)
+        d["session_vs_sequential"] = self.session_vs_sequential
+        return d
+
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
+            total_bytes: int = 256 << 20, blocks_per_session: int = 32) -> DeviceMeasurement:
+    root = Path(tempfile.mkdtemp(prefix="loadwise-kvbench-", dir=directory))
+    try:
+        n_blocks = total_bytes // block_bytes
+        payload = os.urandom(block_bytes)
+        ssd = SSDMedium(root / "store", capacity_bytes=total_bytes * 2,
+                        extent_bytes=block_bytes * blocks_per_session)
+        t0 = time.perf_counter()
+        for s in range(n_blocks // blocks_per_session):
+            base = s * blocks_per_session
+            ssd.put_many(s, [(base + i, payload) for i in range(blocks_per_session)])
+        write_bw = n_blocks * block_bytes / (time.perf_counter() - t0)
+        ssd.drop_page_cache()
+        t0 = time.perf_counter()
+        for s in range(n_blocks // blocks_per_session):
+            base = s * blocks_per_session
+            got = ssd.get_many(list(range(base, base + blocks_per_session)))
+            assert all(g is not None for g in got)
+        session_bw = n_blocks * block_bytes / (time.perf_counter() - t0)
+        ssd.drop_page_cache()
+        rng = random.Random(0)
+        sample = rng.sample(range(n_blocks), min(64, n_blocks))
+        t0 = time.perf_counter()
+        for k in sample:
+            ssd.get_many([k])
+        random_read_s = (time.perf_counter() - t0) / len(sample)
+        ssd.close()
+        big = root / "sequential.bin"
+        with open(big, "wb") as f:
+            f.writelines(payload for _ in range(n_blocks))
+        _drop_cache(big)
+        t0 = time.perf_counter()
+        with open(big, "rb", buffering=0) as f:
+            while f.read(8 << 20):
+                pass
+        seq_bw = n_blocks * block_bytes / (time.perf_counter() - t0)
+        return DeviceMeasurement(block_bytes, n_blocks * block_bytes, write_bw, session_bw, seq_bw,
+                                 random_read_s)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
