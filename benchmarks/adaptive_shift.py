@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--prompt-lookup-max", type=int, default=None)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
+    made_by = provenance()
     profile = Profile.load(args.profile)
     durations = [float(x) for x in args.phase_s.split(",")]
     order = ["repetitive", "sharegpt", "repetitive"]
@@ -163,7 +164,7 @@ def main() -> None:
             print(mode, load, [(p["workload"], round(p["settled_tok_s"] or 0, 1)) for p in run["phases"]],
                   "changes:", len(run["changes"]), flush=True)
     engine.shutdown()
-    results = {**provenance(), "profile": args.profile, "phases": phases,
+    results = {**made_by, "profile": args.profile, "phases": phases,
                "window_s": WINDOW_S, "settle_s": SETTLE_S,
                "tables": {n: profile.table_for(n).to_vllm() for n in workloads},
                "ngram": {"prompt_lookup_min": args.prompt_lookup_min,

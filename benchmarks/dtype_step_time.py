@@ -53,6 +53,7 @@ if __name__ == "__main__":
         sys.exit(0)
     import subprocess
 
+    made_by = provenance()
     results = []
     for dtype in ("float32", "bfloat16"):
         proc = subprocess.run([sys.executable, __file__, "--child", dtype], capture_output=True,
@@ -70,6 +71,6 @@ if __name__ == "__main__":
     out = Path("benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"dtype-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({**provenance(), "batch_sizes": BATCH_SIZES, "steps": STEPS,
+    path.write_text(json.dumps({**made_by, "batch_sizes": BATCH_SIZES, "steps": STEPS,
                                 "results": results}, indent=1))
     print("wrote", path)

@@ -163,6 +163,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     args.max_num_seqs = max(args.max_num_seqs, max(cfg.batch_sizes))
     spec = _engine_spec(args, None, prefix_caching=False)
     out_dir = Path(args.out)
+    from loadwise.provenance import provenance
+
+    made_by = provenance()  # the code that runs, before anything else can change the tree
     t0 = time.perf_counter()
     console.print(f"starting vLLM ({spec.spec_method}, max k={spec.max_k}) on {spec.model} …")
     engine = LocalEngine(spec)
@@ -174,10 +177,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         profile = run_tune(engine, cfg, workloads,
                            lambda what: prog.update(task, advance=1, description=what))
     engine.shutdown()
-    from loadwise.provenance import provenance
-
     profile = dataclasses.replace(
-        profile, meta={**profile.meta, **provenance(), "wall_s": round(time.perf_counter() - t0, 1),
+        profile, meta={**profile.meta, **made_by, "wall_s": round(time.perf_counter() - t0, 1),
                        "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max]})
     write_reports(profile, out_dir, console)
     console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine start included); report in "
@@ -201,6 +202,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from loadwise.provenance import provenance
     from loadwise.vllm.local import LocalEngine
 
+    made_by = provenance()
     profile = Profile.load(args.profile)
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
                      warmup_s=args.warmup, max_tokens=args.max_tokens)
@@ -223,7 +225,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         results = run_evaluate(engine, profile, templated, cfg,
                                lambda what: prog.update(task, advance=1, description=what))
     engine.shutdown()
-    results.update(provenance(), profile=str(args.profile), wall_s=round(time.perf_counter() - t0, 1),
+    results.update(made_by, profile=str(args.profile), wall_s=round(time.perf_counter() - t0, 1),
                    model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k)
     json_path, png_path = save(results, Path(args.out), f"evaluate-{timestamp()}")
     for name, res in results["workloads"].items():

@@ -55,6 +55,9 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
 
 
 def cmd_replay(args: argparse.Namespace, console: Console) -> int:
+    from loadwise.provenance import provenance
+
+    made_by = provenance()
     requests, bad = read_trace(args.trace, strict=args.strict, limit=args.limit)
     for b in bad[:10]:
         console.print(f"[yellow]skipped[/] {args.trace}:{b.lineno}: {b.reason}")
@@ -84,12 +87,10 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
             row += [f"{r['read_back_ratio']:.1%}", f"{r['ssd_read_bytes_s'] / 1e6:.0f}"]
         t.add_row(*row)
     console.print(t)
-    from loadwise.provenance import provenance
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"kv-replay-{time.strftime('%Y%m%d-%H%M%S')}"
-    payload = {**provenance(), "trace": str(args.trace), "requests": len(requests),
+    payload = {**made_by, "trace": str(args.trace), "requests": len(requests),
                "malformed_lines": len(bad), "unique_blocks": footprint,
                "store": {"block_bytes": store.block_bytes, "memory_bytes": store.memory_bytes,
                          "ssd_bytes": store.ssd_bytes, "memory_frac": args.memory_frac,
