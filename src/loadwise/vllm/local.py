@@ -60,11 +60,15 @@ class LocalEngine:
         self.scheduler.set_table(table.to_vllm())
 
     def records_since(self, index: int) -> list[StepRecord]:
-        recs = self.scheduler.loadwise_records
-        return list(itertools.islice(recs, index, None))
+        """Records of steps ``index``, ``index + 1``, … (as counted by :meth:`num_records`) that
+        are still in the scheduler's bounded history."""
+        sched = self.scheduler
+        recs = sched.loadwise_records
+        first = sched.loadwise_num_steps - len(recs)
+        return list(itertools.islice(recs, max(index - first, 0), None))
 
     def num_records(self) -> int:
-        return len(self.scheduler.loadwise_records)
+        return int(self.scheduler.loadwise_num_steps)
 
     # --- requests -------------------------------------------------------------------------
     def chat_prompt(self, user_text: str) -> str:

@@ -53,6 +53,8 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             self.loadwise_records: collections.deque[StepRecord] = collections.deque(
                 maxlen=RECORD_HISTORY
             )
+            # Steps recorded since start; the deque keeps only the newest RECORD_HISTORY.
+            self.loadwise_num_steps = 0
             self.loadwise_observers: list[StepObserver] = []
             self.loadwise_table: list[list[int]] | None = None
             self._lw_pending: dict[int, tuple[float, int, int]] = {}
@@ -175,6 +177,7 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
                 draft_tokens_per_pos=tuple(drafted),
             )
             self.loadwise_records.append(record)
+            self.loadwise_num_steps += 1
             for observer in list(self.loadwise_observers):
                 try:
                     observer(record, self)
