@@ -249,7 +249,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from loadwise.measure.prom import fetch_metrics, parse_samples, spec_counters
 
-    text = fetch_metrics(args.url)
+    import requests
+
+    try:
+        text = fetch_metrics(args.url)
+    except requests.RequestException as exc:
+        raise UsageError(f"cannot read {args.url}/metrics ({type(exc).__name__}): is the server "
+                         "running and the URL right?") from exc
     samples = parse_samples(text)
     ks = samples.get("loadwise_draft_k", [])
     if not ks:
