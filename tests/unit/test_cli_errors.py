@@ -1,0 +1,31 @@
+"""Bad input to the CLI: exit code 2 and a message saying what to fix, before any engine starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadwise.cli import main
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--max-k", "2", "--table", "[[1, 8, 3]]"], "above the engine's max k=2"),
+    (["serve", "--spec-method", "none", "--table", "[[1, 8, 1]]"], "--table needs speculation"),
+    (["serve", "--adaptive"], "--adaptive needs --profile"),
+    (["tune", "--batch-sizes", "4,2"], "increasing"),
+    (["tune", "--workload", "no-such-workload"], "unknown workload"),
+    (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
+    (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
+    (["kv", "replay", "/no/such/trace.jsonl"], "cannot read trace"),
+])
+def test_bad_input_exits_2_with_reason(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_corrupt_profile_rejected_by_serve_adaptive(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text('{"version": 1}')
+    assert main(["serve", "--adaptive", "--profile", str(bad), "--model", str(tmp_path)]) == 2
+    assert "profile is malformed" in " ".join(capsys.readouterr().err.split())
