@@ -230,13 +230,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     json_path, png_path = save(results, Path(args.out), f"evaluate-{timestamp()}")
     for name, res in results["workloads"].items():
         t = Table(title=f"{name}: measured table {res['measured_table']}")
-        for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss",
-                    "measured table loss", "prediction error (measured table)"):
+        for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss (paired)",
+                    "measured table loss (paired)", "prediction error (measured table)"):
             t.add_column(col, justify="right")
         for e in res["loads"]:
             d, m = e["configs"]["docs table"], e["configs"]["measured table"]
             def fmt(c: dict) -> str:
-                return f"{c['loss_vs_best_fixed']:+.1%}" + (" (tie)" if c["within_noise"] else "")
+                pl = c["paired_loss"]
+                return (f"{pl['median']:+.1%} [{pl['min']:+.1%}, {pl['max']:+.1%}]"
+                        + (" (tie)" if c["within_noise"] else ""))
             t.add_row(str(e["load"]), e["best_fixed"], f"{e['best_fixed_tok_s']:.1f}",
                       f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), f"{m['prediction_rel_error']:+.1%}")
         console.print(t)
