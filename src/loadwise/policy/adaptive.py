@@ -11,7 +11,8 @@ stats, and in replays. It consumes one observation per engine step and occasiona
   * every k stays within 0..max_k (the engine's num_speculative_tokens);
   * positions the current table no longer drafts are extrapolated from the last observed
     per-position acceptance; when nothing is drafted at all for ``probe_interval_steps``, a
-    short probe at max k refreshes the estimate (otherwise k=0 would be final).
+    short probe at max k refreshes the estimate (otherwise k=0 would be final, and an
+    estimate that only ages would keep it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class AdaptiveConfig:
     min_drafts: float = 150.0
     update_every_steps: int = 20
     min_gain: float = 0.02
-    probe_interval_steps: int = 400
+    probe_interval_steps: int = 150
     probe_steps: int = 24
 
     def __post_init__(self) -> None:
@@ -150,16 +151,16 @@ class AdaptiveController:
 
     def _update(self, force: bool) -> Decision | None:
         self._steps_since_update = 0
-        acc = self.estimator.estimate(self.cfg.min_drafts)
-        if acc is None:
-            if self._steps_without_drafts >= self.cfg.probe_interval_steps and self.max_k > 0:
-                probe = DraftLengthTable.fixed(self.max_k, self.max_k, self.max_batch_size)
-                if probe == self.table:
-                    return None
+        # With k=0 where traffic runs, the estimate only ages: probe instead of trusting it.
+        if self._steps_without_drafts >= self.cfg.probe_interval_steps and self.max_k > 0:
+            probe = DraftLengthTable.fixed(self.max_k, self.max_k, self.max_batch_size)
+            if probe != self.table:
                 self._probe_left = self.cfg.probe_steps
                 self._steps_without_drafts = 0
                 return self._apply(probe, "probe: no drafts observed recently, "
                                    f"drafting max k for {self.cfg.probe_steps} steps", 0.0, None)
+        acc = self.estimator.estimate(self.cfg.min_drafts)
+        if acc is None:
             return None
         new, _ = best_table(self.times, acc, self.max_batch_size, self.max_k)
         cur_g = self._mix_goodput(self.table, acc)
