@@ -80,8 +80,17 @@ def test_controller_lowers_k_when_acceptance_drops_and_raises_it_back() -> None:
     run(ctrl, rng, 400, b=4, accept=0.9)
     high_k = ctrl.table.lookup(4)
     assert high_k >= 3
-    decisions = run(ctrl, rng, 600, b=4, accept=0.05, rate=0.5)
-    assert ctrl.table.lookup(4) <= 1 and decisions, "poor acceptance must lower k"
+    decisions = []
+    ks = []
+    for _ in range(800):
+        d = step(ctrl, rng, 4, 0.05, 0.5)
+        decisions += [d] if d else []
+        ks.append(ctrl.table.lookup(4))
+    assert decisions, "poor acceptance must change the table"
+    # Apart from probes at max k (which last until min_drafts drafts are in: ~40 steps at this
+    # small batch), the controller stays at a low k.
+    assert sum(k <= 1 for k in ks[-500:]) >= 0.75 * 500
+    assert any(d.reason.startswith("probe") for d in decisions)
     for d in decisions:
         assert d.previous != d.table and d.reason
     run(ctrl, rng, 3000, b=4, accept=0.9)
