@@ -247,11 +247,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import requests
     from rich.table import Table
 
     from loadwise.measure.prom import fetch_metrics, parse_samples, spec_counters
-
-    import requests
 
     try:
         text = fetch_metrics(args.url)
