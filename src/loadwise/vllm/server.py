@@ -33,6 +33,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _own_group_dies_with_parent() -> None:
+    """In the child before exec: its own process group (so stop() can signal all of vLLM), and
+    on Linux a SIGTERM when loadwise dies, so even a SIGKILLed loadwise leaves no orphan."""
+    os.setsid()
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still cleans up on every normal exit
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -66,7 +79,7 @@ class ServerProcess:
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            preexec_fn=_own_group_dies_with_parent,
         )
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
