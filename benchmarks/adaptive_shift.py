@@ -6,16 +6,23 @@ Configurations (each run separately on one engine, same prompt sequences):
   static    the table tuned on the repetitive workload, never changed;
   oracle    the table tuned for whichever workload is running, switched exactly at each shift.
 
+The machine is noisy (identical runs differ by ~10 %), so every load runs ``--repeats`` rounds
+with the three modes in a rotated order, and adaptive is compared with oracle and static paired
+by round. Phase 1 (before any shift) doubles as the overhead check: the same traffic, adaptive
+vs static.
+
 Writes benchmarks/results/adaptive-shift-<time>.json (+ .png): throughput per 5 s window, the
-k in force at the load's batch size, acceptance per window, table changes, and per phase the
-throughput after settling. Usage:
-    python benchmarks/adaptive_shift.py --profile PROFILE [--loads 2,8] [--phase-s 40,80,80]
+k in force at the load's batch size, acceptance per window, table changes, per phase the
+throughput after settling, the settling time after each shift, and the paired summary. Usage:
+    python benchmarks/adaptive_shift.py --profile PROFILE [--loads 16,32] [--phase-s 60,90,90]
+        [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +33,7 @@ from loadwise.measure.workloads import Workload, builtin
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
 from loadwise.provenance import provenance
 from loadwise.vllm.config import EngineSpec
-from loadwise.vllm.local import LocalEngine
+from loadwise.vllm.local import ClosedLoop, LocalEngine
 from loadwise.vllm.plugin import AdaptiveObserver
 
 WINDOW_S = 5.0
@@ -66,8 +73,13 @@ def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases:
     rec0 = engine.num_records()
     timeline: list[tuple[float, int]] = []
     start_epoch = time.time()
-    engine.closed_loop(next_prompt, concurrency=load, duration_s=t, max_tokens=max_tokens,
-                       timeline=timeline)
+    # Staggered clients (first requests of different lengths): a serving-like population,
+    # not all clients prefilling at once.
+    loop = ClosedLoop(engine, next_prompt, load, max_tokens, stagger=True)
+    try:
+        loop.run(t, timeline=timeline)
+    finally:
+        loop.close()
     records = engine.records_since(rec0)
     windows = []
     n_windows = int(t // WINDOW_S)
@@ -97,8 +109,69 @@ def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases:
     changes = observer.history if observer else []
     for ch in changes:
         ch["elapsed_s"] = ch["time_s"] - start_epoch
+    # Settling: after a shift, the first moment the k applied at this load equals the k of the
+    # table tuned for the new workload (0 s when the two tables agree at this load).
+    for (a, _, name), ph in zip(bounds, per_phase):
+        target = tuned[name].lookup(load)
+        ph["target_k_at_load"] = target
+        if mode != "adaptive" or a == 0.0:
+            continue
+        k_before = _k_at(load, changes, a, tuned[first])
+        if k_before == target:
+            ph["settle_s"] = 0.0
+            continue
+        hit = [ch["elapsed_s"] - a for ch in changes if ch["elapsed_s"] >= a
+               and _lookup(ch["new"], load) == target]
+        ph["settle_s"] = hit[0] if hit else None
+    overhead = None
+    if observer is not None:
+        step_s = sum(r.step_time_s for r in records)
+        overhead = {"observer_busy_s": observer.busy_s, "observer_calls": observer.calls,
+                    "engine_step_s": step_s,
+                    "share_of_step_time": observer.busy_s / step_s if step_s else None}
     return {"mode": mode, "load": load, "windows": windows, "phases": per_phase,
-            "changes": changes, "final_table": sched.loadwise_table}
+            "changes": changes, "final_table": sched.loadwise_table, "overhead": overhead}
+
+
+def _lookup(vllm_table: list[list[int]], b: int) -> int:
+    return next((k for lo, hi, k in vllm_table if lo <= b <= hi), 0)
+
+
+def _k_at(load: int, changes: list[dict[str, Any]], t: float, start_table: Any) -> int:
+    k = start_table.lookup(load)
+    for ch in changes:
+        if ch["elapsed_s"] < t:
+            k = _lookup(ch["new"], load)
+    return k
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per load and phase: median settled tok/s per mode over rounds, and adaptive's loss vs
+    oracle and static paired by round (same round = minutes apart, same prompts)."""
+    out: dict[str, Any] = {}
+    for load in sorted({r["load"] for r in runs}):
+        by_mode: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            if r["load"] == load:
+                by_mode.setdefault(r["mode"], []).append(r)
+        phases = []
+        for i, ph in enumerate(by_mode["adaptive"][0]["phases"]):
+            tok = {m: [rr["phases"][i]["settled_tok_s"] for rr in rs] for m, rs in by_mode.items()}
+            entry: dict[str, Any] = {"workload": ph["workload"], "start_s": ph["start_s"],
+                                     "settled_tok_s": tok,
+                                     "median_tok_s": {m: statistics.median(v) for m, v in tok.items()}}
+            for other in ("oracle", "static"):
+                paired = [1.0 - a / o for a, o in zip(tok["adaptive"], tok[other]) if a and o]
+                entry[f"adaptive_loss_vs_{other}"] = {
+                    "median": statistics.median(paired), "min": min(paired), "max": max(paired),
+                    "samples": paired} if paired else None
+            settle = [rr["phases"][i].get("settle_s") for rr in by_mode["adaptive"]]
+            entry["adaptive_settle_s"] = settle
+            phases.append(entry)
+        shares = [rr["overhead"]["share_of_step_time"] for rr in by_mode["adaptive"]
+                  if rr.get("overhead")]
+        out[str(load)] = {"phases": phases, "observer_share_of_step_time": shares}
+    return out
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -113,7 +186,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for j, load in enumerate(loads):
         for run in (r for r in results["runs"] if r["load"] == load):
             xs = [w["start_s"] + WINDOW_S / 2 for w in run["windows"]]
-            kw = dict(color=colors[run["mode"]], label=run["mode"])
+            first = run.get("round", 0) == 0
+            kw = {"color": colors[run["mode"]], "label": run["mode"] if first else None,
+                  "alpha": 1.0 if first else 0.45}
             axes[0][j].plot(xs, [w["tok_s"] for w in run["windows"]], **kw)
             axes[1][j].step(xs, [w["k_at_load"] if w["k_at_load"] is not None else float("nan")
                                  for w in run["windows"]], where="mid", **kw)
@@ -137,8 +212,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--loads", default="2,8")
-    ap.add_argument("--phase-s", default="40,80,80")
+    ap.add_argument("--loads", default="16,32")
+    ap.add_argument("--phase-s", default="60,90,90")
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-lookup-min", type=int, default=None)
     ap.add_argument("--prompt-lookup-max", type=int, default=None)
@@ -157,18 +233,26 @@ def main() -> None:
     workloads = {n: builtin(n).map(engine.chat_prompt) for n in ("repetitive", "sharegpt")}
     runs = []
     t0 = time.perf_counter()
+    modes = ["adaptive", "static", "oracle"]
     for load in (int(x) for x in args.loads.split(",")):
-        for mode in ("adaptive", "static", "oracle"):
-            run = run_one(engine, profile, mode, load, phases, workloads, args.max_tokens)
-            runs.append(run)
-            print(mode, load, [(p["workload"], round(p["settled_tok_s"] or 0, 1)) for p in run["phases"]],
-                  "changes:", len(run["changes"]), flush=True)
+        for rep in range(args.repeats):
+            for mode in modes[rep % 3:] + modes[: rep % 3]:
+                run = run_one(engine, profile, mode, load, phases, workloads, args.max_tokens)
+                run["round"] = rep
+                runs.append(run)
+                print(mode, load, rep,
+                      [(p["workload"], round(p["settled_tok_s"] or 0, 1)) for p in run["phases"]],
+                      "changes:", len(run["changes"]), "settle:",
+                      [p.get("settle_s") for p in run["phases"]], flush=True)
     engine.shutdown()
+    summary = summarize_runs(runs)
+    print(json.dumps(summary, indent=1))
     results = {**made_by, "profile": args.profile, "phases": phases,
                "window_s": WINDOW_S, "settle_s": SETTLE_S,
                "tables": {n: profile.table_for(n).to_vllm() for n in workloads},
                "ngram": {"prompt_lookup_min": args.prompt_lookup_min,
                          "prompt_lookup_max": args.prompt_lookup_max},
+               "repeats": args.repeats, "summary": summary,
                "runs": runs, "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,10 @@
 the measured table, at several loads, on one engine (tables swapped live, configurations
 interleaved and repeated so drift and noise hit all of them alike).
 
-A load level c is c clients, each sending its next request when its last one finishes.
+A load level c is c clients, each sending its next request when its last one finishes. The
+clients keep running across all windows of a load level (staggered start, then settled until
+each finished a request), so every window sees a steady-state population — prefills spread out
+as in serving — and a table switch only needs a short warm-up.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class EvalConfig:
     duration_s: float = 8.0
     max_tokens: int = 128
     seed: int = 0
+    settle_max_s: float = 90.0
 
     def __post_init__(self) -> None:
         if not self.loads or min(self.loads) < 1:
@@ -64,20 +68,31 @@ def run_evaluate(
         acc = profile.acceptance_for(w.name)
         prompt_per_output = profile.acceptance[w.name].prompt_per_output
         samples: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
+        mixes: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
+        occupancy: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs}
+                                                         for c in cfg.loads}
         for c in cfg.loads:
-            for r in range(cfg.repeats):
-                shift = (r * 3) % len(configs)
-                order = configs[shift:] + configs[:shift]
-                if r % 2:
-                    order = order[::-1]
-                for name, table in order:
-                    engine.set_table(table)
-                    # Same prompt sequence for every configuration.
-                    tokens, secs = engine.closed_loop(
-                        w.cycle(cfg.seed + r), concurrency=c, duration_s=cfg.duration_s,
-                        max_tokens=cfg.max_tokens, warmup_s=cfg.warmup_s)
-                    samples[c][name].append(tokens / secs)
-                    advance(f"{w.name} c={c} {name}")
+            loop = engine.open_loop(w.cycle(cfg.seed + 1000), concurrency=c,
+                                    max_tokens=cfg.max_tokens)
+            try:
+                engine.set_table(configs[-1][1])
+                loop.settle(cfg.settle_max_s)
+                for r in range(cfg.repeats):
+                    shift = (r * 3) % len(configs)
+                    order = configs[shift:] + configs[:shift]
+                    if r % 2:
+                        order = order[::-1]
+                    for name, table in order:
+                        engine.set_table(table)
+                        # Same prompt sequence for every configuration of this repeat.
+                        tokens, secs, records = _window(engine, loop, cfg, w.cycle(cfg.seed + r))
+                        samples[c][name].append(tokens / secs)
+                        mixes[c][name].append(_mix_prediction(records, table, times, acc,
+                                                              profile.prefill_s_per_token))
+                        occupancy[c][name].append(_mean_decode_batch(records))
+                        advance(f"{w.name} c={c} {name}")
+            finally:
+                loop.close()
         per_load = []
         for c in cfg.loads:
             stats = {name: summarize(v) for name, v in samples[c].items()}
@@ -100,7 +115,8 @@ def run_evaluate(
                              closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
                                                     prompt_per_output))
                 entry["configs"][name] = {
-                    "table": table.to_vllm(), "samples_tok_s": samples[c][name],
+                    "table": table.to_vllm(), "k_at_load": table.lookup(c),
+                    "samples_tok_s": samples[c][name],
                     "median_tok_s": s.median, "min_tok_s": min(samples[c][name]),
                     "max_tok_s": max(samples[c][name]),
                     "loss_vs_best_fixed": loss,
@@ -110,6 +126,10 @@ def run_evaluate(
                     "within_noise": abs(loss) <= noise or min(paired) <= 0.0 <= max(paired),
                     "predicted_tok_s": predicted,
                     "predicted_decode_only_tok_s": decode_only,
+                    # Diagnostics: the same model fed the batch sizes and prefills that really
+                    # occurred in the window (separates occupancy from step-time error).
+                    "predicted_observed_mix_tok_s": summarize(mixes[c][name]).median,
+                    "mean_decode_batch": summarize(occupancy[c][name]).median,
                     "prediction_rel_error": predicted / s.median - 1.0 if s.median else None,
                 }
             per_load.append(entry)
@@ -121,6 +141,39 @@ def run_evaluate(
             "loads": per_load,
         }
     return {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
+
+
+def _window(engine: TunableEngine, loop: Any, cfg: EvalConfig,
+            prompts: Any) -> tuple[int, float, list[Any]]:
+    before = engine.num_records()
+    tokens, secs = loop.run(cfg.duration_s, warmup_s=cfg.warmup_s, prompts=prompts)
+    records = engine.records_since(before)
+    # Keep the measured window's steps only (the warm-up ones come first).
+    end = records[-1].end_time_s if records else 0.0
+    return tokens, secs, [r for r in records if r.end_time_s >= end - secs]
+
+
+def _mean_decode_batch(records: Sequence[Any]) -> float:
+    steps = [r for r in records if r.num_decode_reqs > 0]
+    return sum(r.num_decode_reqs for r in steps) / len(steps) if steps else 0.0
+
+
+def _mix_prediction(records: Sequence[Any], table: DraftLengthTable, times: Any, acc: Any,
+                    prefill_s_per_token: float | None) -> float:
+    """Output tokens/s the model predicts for the steps that really ran: each step's decode
+    batch b gets b * E(k(b)) tokens in T(b, drafts) plus its prefill tokens' price."""
+    tokens = secs = 0.0
+    for r in records:
+        b = r.num_decode_reqs
+        step_s = (prefill_s_per_token or 0.0) * r.num_prefill_tokens
+        if b > 0:
+            k = table.lookup(max(r.batch_size, 1))  # vLLM looks k up by all scheduled requests
+            tokens += b * acc.expected_tokens(k)
+            step_s += times.at(b, acc.expected_drafts(k))
+        elif r.num_prefill_tokens > 0:
+            step_s += times.at(1, 0.0)  # a pure prefill step still pays a step's fixed cost
+        secs += step_s
+    return tokens / secs if secs else 0.0
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -21,7 +21,7 @@ from loadwise.tune import TuneConfig, run_tune
 from .conftest import MAX_K
 from .test_serve import _complete, _start_serve, _stop
 
-FAST_CONTROLLER = json.dumps({"half_life_steps": 30, "min_drafts": 20, "update_every_steps": 5,
+FAST_CONTROLLER = json.dumps({"half_life_s": 3.0, "min_drafts": 20, "update_every_steps": 5,
                               "min_gain": 0.01})
 
 

@@ -34,18 +34,30 @@ def test_expected_tokens_and_goodput_formula() -> None:
 
 
 def test_from_counts_uses_prefix_acceptance_and_draft_rate() -> None:
-    acc = Acceptance.from_counts(num_drafts=100, accepted_per_pos=[80, 50, 20], num_request_steps=200)
+    acc = Acceptance.from_position_counts(num_drafts=100, drafted_per_pos=[100, 100, 100],
+                                          accepted_per_pos=[80, 50, 20], request_steps=200)
     assert acc.prefix_accept == (0.8, 0.5, 0.2)
     assert acc.draft_rate == 0.5
+    assert acc.reach == (1.0, 1.0, 1.0)
     assert acc.conditional() == pytest.approx((0.8, 0.625, 0.4))
     assert acc.expected_tokens(3) == pytest.approx(1 + 0.5 * 1.5)
 
 
+def test_from_counts_short_drafts_and_unobserved_positions() -> None:
+    # 100 drafts; only 50 reached position 2 (prompt lookup found a shorter match), none 3.
+    acc = Acceptance.from_position_counts(100, [100, 50, 0], [80, 40, 0], min_position_drafts=1)
+    assert acc.prefix_accept[:2] == pytest.approx((0.8, 0.8))
+    assert acc.reach[:2] == pytest.approx((1.0, 0.5))
+    # Position 3: extrapolated from the last conditional acceptance and reach.
+    assert acc.prefix_accept[2] == pytest.approx(0.8) and acc.reach[2] == pytest.approx(0.25)
+    assert acc.expected_drafts(3) == pytest.approx(1.75)
+
+
 def test_from_counts_rejects_nonsense() -> None:
     with pytest.raises(ModelError, match="no drafts"):
-        Acceptance.from_counts(0, [0, 0])
+        Acceptance.from_position_counts(0, [0, 0], [0, 0])
     with pytest.raises(ModelError, match="exceed"):
-        Acceptance.from_counts(10, [11])
+        Acceptance.from_position_counts(10, [10], [11])
 
 
 def test_high_acceptance_speculates_more_at_small_batch() -> None:
@@ -132,7 +144,8 @@ def test_step_time_follows_effective_drafts() -> None:
     assert t.at(1, 2.0) == pytest.approx(3.0)  # extrapolated along the last segment
     acc = Acceptance((0.5, 0.25), draft_rate=0.5, reach=(1.0, 0.5))
     assert acc.expected_drafts(2) == pytest.approx(0.75)
-    assert goodput(1, 2, t, acc) == pytest.approx((1 + 0.5 * 0.75) / 1.75)
+    # Tokens count only where the draft reached: 1 + rate * (1.0 * 0.5 + 0.5 * 0.25).
+    assert goodput(1, 2, t, acc) == pytest.approx((1 + 0.5 * (0.5 + 0.5 * 0.25)) / 1.75)
 
 
 def test_closed_loop_throughput_prices_prefill() -> None:

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kv.placement import POLICIES, BlockInfo, Medium, create_policy
+from loadwise.kv.placement import POLICIES, BlockInfo, FlatPolicy, Medium, create_policy
+from loadwise.kv.realio import RealSSDIO
 from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig
 from loadwise.kv.trace import TraceError, TraceRequest, read_trace
 
@@ -59,7 +60,7 @@ def test_replay_never_reads_more_than_the_ceiling(name: str, prompts: list[list[
     assert 0 <= s.read_back_tokens <= s.reusable_tokens
     assert s.hit_blocks == s.hit_blocks_memory + s.hit_blocks_ssd <= s.reusable_blocks
     assert len(r.memory.blocks) <= max(mem_blocks, 0)
-    assert r.ssd.num_blocks <= (ssd_blocks // 4) * 4
+    assert r.ssd.num_blocks <= ssd_blocks
 
 
 def test_flat_policy_places_at_creation() -> None:
@@ -68,6 +69,9 @@ def test_flat_policy_places_at_creation() -> None:
     assert flat.home(BlockInfo(2, 1, 3, 4, 0)) is Medium.MEMORY  # short chat
     assert flat.home(BlockInfo(3, 1, 30, 40, 0)) is Medium.SSD  # long session
     assert not flat.offload_on_evict() and not flat.promote_on_hit()
+    # Under SSD write pressure a first turn goes to memory; a returning session keeps the SSD.
+    assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=0, write_pressure=0.9)) is Medium.MEMORY
+    assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=2, write_pressure=0.9)) is Medium.SSD
     with pytest.raises(ValueError, match="unknown placement policy"):
         create_policy("lru-magic")
 
@@ -88,3 +92,68 @@ def test_trace_bad_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
         read_trace(p, strict=True)
     with pytest.raises(TraceError, match="cannot read"):
         read_trace(tmp_path / "missing.jsonl")
+
+
+ALL_SSD = FlatPolicy(shared_prefix_blocks=0, short_session_blocks=0, pressure_threshold=2.0)
+
+
+def test_reads_go_before_queued_writes() -> None:
+    # A big write queued just before a prefix read must not delay it (reads are on the
+    # request's critical path; writes are background work).
+    dev = DeviceModel(read_bw_bytes_s=1e9, write_bw_bytes_s=1e6, read_latency_s=0.0,
+                      max_read_wait_s=0.01, max_write_backlog_s=100.0)
+    cfg = StoreConfig(block_bytes=1 << 16, memory_bytes=0, ssd_bytes=1 << 30)
+    trace = [req(0.0, [1, 2, 3, 4]), req(0.001, list(range(10, 50))),
+             req(0.002, [1, 2, 3, 4, 5])]
+    r = Replayer(ALL_SSD, cfg, dev)
+    s = r.run(trace)
+    assert r.write_backlog_s > 1.0  # 44 blocks at 1 MB/s are still being written
+    assert s.hit_blocks_ssd == 4 and s.abandoned_read_blocks == 0
+
+
+def test_writes_beyond_the_backlog_are_dropped_and_absent() -> None:
+    dev = DeviceModel(read_bw_bytes_s=1e9, write_bw_bytes_s=1e6, read_latency_s=0.0,
+                      max_write_backlog_s=0.1)
+    cfg = StoreConfig(block_bytes=1 << 16, memory_bytes=0, ssd_bytes=1 << 30)
+    trace = [req(0.001 * i, [100 * i + j for j in range(4)]) for i in range(1, 6)]
+    r = Replayer(ALL_SSD, cfg, dev)
+    s = r.run(trace)
+    assert s.dropped_write_blocks > 0
+    assert r.ssd.num_blocks == 20 - s.dropped_write_blocks
+    # The backlog drains at the device's speed between arrivals.
+    r._advance(r.clock + r.write_backlog_s + 1.0)
+    assert r.write_backlog_s == 0.0
+
+
+def test_only_full_blocks_are_stored_or_counted() -> None:
+    partial = TraceRequest(0.0, 512 + 88, 5, (1, 2))  # block 2 holds 88 tokens
+    again = TraceRequest(1.0, 512 + 88, 5, (1, 2))
+    cfg = StoreConfig(block_bytes=1024, memory_bytes=1 << 20, ssd_bytes=1 << 20)
+    r = Replayer(create_policy("tiered"), cfg, FAST)
+    s = r.run([partial, again])
+    assert 2 not in r.memory and 2 not in r.ssd
+    assert s.reusable_tokens == 512 and s.read_back_ratio == 1.0
+
+
+def test_tiered_offloads_are_batched_per_request() -> None:
+    cfg = StoreConfig(block_bytes=1024, memory_bytes=2 * 1024, ssd_bytes=1 << 20)
+    r = Replayer(create_policy("tiered"), cfg, FAST)
+    s = r.run([req(0.0, [1, 2, 3, 4, 5, 6])])
+    assert s.ssd_write_calls == 1 and r.ssd.num_blocks == 4
+
+
+def test_validation_slice_does_the_same_io_for_real(tmp_path: Path) -> None:
+    block = 4096
+    trace = [req(0.0, [0, 1, 2, 3]), req(0.01, [0, 7, 8]), req(0.02, [0, 1, 2, 3, 4]),
+             req(0.03, [0, 7, 8, 9])]
+    cfg = StoreConfig(block_bytes=block, memory_bytes=0, ssd_bytes=1 << 20, extent_blocks=8)
+    io = RealSSDIO(tmp_path, block, capacity_bytes=1 << 22, extent_blocks=8)
+    r = Replayer(ALL_SSD, cfg, FAST, real_io=io)
+    s = r.run(trace)
+    assert s.hit_blocks_ssd == 1 + 4 + 3  # [0], then [0,1,2,3], then [0,7,8]
+    assert s.measured_write_s is not None and s.measured_write_s > 0
+    assert s.measured_read_s is not None and s.measured_read_s > 0
+    assert io.missing_reads == 0
+    assert set(io.ssd.index) == set(r.ssd.where)
+    assert io.ssd.read_calls == s.ssd_read_calls  # same coalescing in the model and the store
+    io.close()

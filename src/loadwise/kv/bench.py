@@ -24,6 +24,7 @@ class DeviceMeasurement:
     session_read_bw_bytes_s: float
     sequential_file_read_bw_bytes_s: float
     random_block_read_s: float
+    single_block_write_s: float = 0.0
 
     @property
     def session_vs_sequential(self) -> float:
@@ -32,8 +33,10 @@ class DeviceMeasurement:
     def model(self, max_read_wait_s: float = 0.5, max_write_backlog_s: float = 2.0) -> DeviceModel:
         # Latency per read call beyond what bandwidth explains.
         latency = max(self.random_block_read_s - self.block_bytes / self.session_read_bw_bytes_s, 0.0)
+        # Same for a durable write call (data fsync + journal fsync).
+        write_latency = max(self.single_block_write_s - self.block_bytes / self.write_bw_bytes_s, 0.0)
         return DeviceModel(self.session_read_bw_bytes_s, self.write_bw_bytes_s, latency,
-                           max_read_wait_s, max_write_backlog_s)
+                           max_read_wait_s, max_write_backlog_s, write_latency)
 
     def to_json(self) -> dict[str, float]:
         d = asdict(self)
@@ -56,7 +59,8 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
     try:
         n_blocks = total_bytes // block_bytes
         payload = os.urandom(block_bytes)
-        ssd = SSDMedium(root / "store", capacity_bytes=total_bytes * 2,
+        # Room for every session plus the single-block sessions below: nothing is evicted.
+        ssd = SSDMedium(root / "store", capacity_bytes=total_bytes * 2 + 32 * block_bytes * blocks_per_session,
                         extent_bytes=block_bytes * blocks_per_session)
         t0 = time.perf_counter()
         for s in range(n_blocks // blocks_per_session):
@@ -77,6 +81,12 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         for k in sample:
             ssd.get_many([k])
         random_read_s = (time.perf_counter() - t0) / len(sample)
+        # Durable single-block writes, each into a fresh session (as a short chat turn would).
+        singles = min(32, n_blocks)
+        t0 = time.perf_counter()
+        for i in range(singles):
+            ssd.put_many(1_000_000 + i, [(10_000_000 + i, payload)])
+        single_write_s = (time.perf_counter() - t0) / singles
         ssd.close()
         big = root / "sequential.bin"
         with open(big, "wb") as f:
@@ -88,6 +98,6 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
                 pass
         seq_bw = n_blocks * block_bytes / (time.perf_counter() - t0)
         return DeviceMeasurement(block_bytes, n_blocks * block_bytes, write_bw, session_bw, seq_bw,
-                                 random_read_s)
+                                 random_read_s, single_write_s)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,23 @@ def add_parser(sub: Any) -> None:
     rp.add_argument("--store-dir", default=None, help="where to measure the real store")
     rp.add_argument("--strict", action="store_true", help="reject the trace on a malformed line")
     rp.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    rp.add_argument("--validate-requests", type=int, default=200,
+                    help="replay the first N requests again with real file I/O in --store-dir and "
+                    "compare measured with modelled device time (0: skip)")
     rp.add_argument("--out", default="benchmarks/results")
     rp.set_defaults(func=cmd_replay)
 
 
 def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, dict[str, Any]]:
     if args.device:
-        raw = json.loads(Path(args.device).read_text())
-        return DeviceModel(**raw), {"source": args.device, **raw}
+        try:
+            raw = json.loads(Path(args.device).read_text())
+            # A previous replay's JSON carries the measured model under device.model.
+            fields = raw.get("device", {}).get("model", raw) if "device" in raw else raw
+            return DeviceModel(**fields), {"source": args.device, "model": fields}
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"--device {args.device}: not a device model JSON "
+                             f"(read_bw_bytes_s, write_bw_bytes_s, read_latency_s): {exc}") from exc
     from loadwise.kv.bench import measure
 
     console.print("measuring the real store (write, session reads, sequential file read) …")
@@ -50,8 +60,10 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
     console.print(f"  write {m.write_bw_bytes_s / 1e6:.0f} MB/s, session read "
                   f"{m.session_read_bw_bytes_s / 1e6:.0f} MB/s ({m.session_vs_sequential:.0%} of one "
                   f"large file read, {m.sequential_file_read_bw_bytes_s / 1e6:.0f} MB/s), random "
-                  f"block read {m.random_block_read_s * 1e3:.2f} ms")
-    return m.model(), {"source": "measured", **m.to_json()}
+                  f"block read {m.random_block_read_s * 1e3:.2f} ms, durable single-block "
+                  f"write {m.single_block_write_s * 1e3:.2f} ms")
+    model = m.model()
+    return model, {"source": "measured", **m.to_json(), "model": asdict(model)}
 
 
 def cmd_replay(args: argparse.Namespace, console: Console) -> int:
@@ -96,10 +108,54 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
                          "ssd_bytes": store.ssd_bytes, "memory_frac": args.memory_frac,
                          "ssd_frac": args.ssd_frac, "extent_blocks": store.extent_blocks},
                "device": device_info, "speedups": speedups, "results": results}
+    if args.validate_requests > 0:
+        payload["validation"] = _validate(args, requests[: args.validate_requests], store, device,
+                                          policies, console)
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     _plot(payload, stem.with_suffix(".png"))
     console.print(f"results: {stem.with_suffix('.json')}  plot: {stem.with_suffix('.png')}")
     return 0
+
+
+def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
+              device: DeviceModel, policies: list[str], console: Console) -> dict[str, Any]:
+    """The first requests replayed at ×1 with every SSD write and read done for real (durable
+    writes, reads with the page cache dropped): modelled vs measured device seconds."""
+    import shutil
+    import tempfile
+
+    from loadwise.kv.realio import RealSSDIO
+
+    # Short extents keep the preallocated space of the slice small; the sim uses the same.
+    slice_store = StoreConfig(store.block_bytes, store.memory_bytes, store.ssd_bytes, extent_blocks=16)
+    out: dict[str, Any] = {"requests": len(requests), "extent_blocks": 16, "policies": {}}
+    t = Table(title=f"validation slice: first {len(requests)} requests with real file I/O")
+    for col in ("policy", "writes", "model write s", "real write s", "reads", "model read s",
+                "real read s"):
+        t.add_column(col, justify="right")
+    for name in policies:
+        root = Path(tempfile.mkdtemp(prefix="loadwise-kvslice-", dir=args.store_dir))
+        io = RealSSDIO(root, store.block_bytes, capacity_bytes=max(store.ssd_bytes, 1 << 40),
+                       extent_blocks=16)
+        try:
+            st = Replayer(create_policy(name), slice_store, device, 1.0, real_io=io).run(requests)
+        finally:
+            io.close()
+            shutil.rmtree(root, ignore_errors=True)
+        row = {"ssd_write_calls": st.ssd_write_calls, "ssd_read_calls": st.ssd_read_calls,
+               "bytes_written": st.bytes_written["ssd"], "bytes_read": st.bytes_read["ssd"],
+               "model_write_s": st.model_write_s, "measured_write_s": st.measured_write_s,
+               "model_read_s": st.model_read_s, "measured_read_s": st.measured_read_s,
+               "missing_reads": io.missing_reads}
+        for kind in ("write", "read"):
+            m, r = row[f"model_{kind}_s"], row[f"measured_{kind}_s"]
+            row[f"{kind}_model_error"] = (m / r - 1.0) if r else None
+        out["policies"][name] = row
+        t.add_row(name, str(st.ssd_write_calls), f"{st.model_write_s:.2f}",
+                  f"{st.measured_write_s or 0:.2f}", str(st.ssd_read_calls),
+                  f"{st.model_read_s:.3f}", f"{st.measured_read_s or 0:.3f}")
+    console.print(t)
+    return out
 
 
 def _plot(payload: dict[str, Any], path: Path) -> None:

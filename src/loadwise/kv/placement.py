@@ -29,7 +29,9 @@ class BlockInfo:
 
     ``block_index``: position of the block in its request's prompt; ``prompt_blocks``: blocks in
     that prompt (the session's length so far, since each turn re-sends the conversation);
-    ``seen_prefix_refs``: how many earlier requests referenced this block's parent prefix.
+    ``seen_prefix_refs``: how many earlier requests referenced this block's parent prefix;
+    ``session_turn``: earlier requests of this session (0: its first turn);
+    ``write_pressure``: the SSD's pending writes as a fraction of what it accepts (0 idle, 1 full).
     """
 
     key: int
@@ -37,6 +39,8 @@ class BlockInfo:
     block_index: int
     prompt_blocks: int
     seen_prefix_refs: int
+    session_turn: int = 0
+    write_pressure: float = 0.0
 
 
 class PlacementPolicy(ABC):
@@ -60,17 +64,23 @@ class FlatPolicy(PlacementPolicy):
     Shared prefixes (the leading ``shared_prefix_blocks`` of every prompt, where system prompts
     sit, or blocks whose parent prefix other requests already used) and short sessions go to
     memory; blocks of sessions longer than ``short_session_blocks`` go straight to SSD, appended
-    contiguously to their session's extent.
+    contiguously to their session's extent. When the SSD's write queue is past
+    ``pressure_threshold``, first turns also go to memory: most conversations never send a
+    second turn, so the SSD's write time is kept for sessions that already came back (whose
+    next turn is likelier), instead of dropping writes at random as the queue overflows.
     """
 
     name: str = "flat"
     shared_prefix_blocks: int = 1
     short_session_blocks: int = 8
+    pressure_threshold: float = 0.5
 
     def home(self, info: BlockInfo) -> Medium | None:
         if info.block_index < self.shared_prefix_blocks or info.seen_prefix_refs >= 2:
             return Medium.MEMORY
         if info.prompt_blocks <= self.short_session_blocks:
+            return Medium.MEMORY
+        if info.session_turn == 0 and info.write_pressure >= self.pressure_threshold:
             return Medium.MEMORY
         return Medium.SSD
 

@@ -3,10 +3,14 @@ rest and stores its new blocks, under a placement policy and a finite-bandwidth 
 
 The media are simulated (block accounting, same layout rules as the real store: memory LRU by
 block, SSD per-session extents evicted whole); time comes from a :class:`DeviceModel` whose
-numbers are measured on the real store (``loadwise.kv.bench``). One device queue serves reads
-and writes: a prefix read that would wait longer than ``max_read_wait_s`` is abandoned (its
-tokens are recomputed), a write that would start later than ``max_write_backlog_s`` is dropped
-(the block is lost). Load is raised by compressing arrival times (``speedup``).
+numbers are measured on the real store (``loadwise.kv.bench``). Like vLLM and Mooncake, only
+full blocks are stored, so the ceiling (an infinite cache) counts full blocks only.
+
+Device scheduling, as a real store does it: prefix reads are on the request's critical path and
+go first; writes are background work that fills the device time reads leave free. A read that
+would wait longer than ``max_read_wait_s`` behind other reads is abandoned (its tokens are
+recomputed); a write offered while more than ``max_write_backlog_s`` of writes are pending is
+dropped (the block is lost). Load is raised by compressing arrival times (``speedup``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from loadwise.kv.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest
@@ -24,15 +28,35 @@ OFFLOAD_STREAM = -1  # tiered offloads append to one log, in eviction order
 
 @dataclass(frozen=True, slots=True)
 class DeviceModel:
+    """Device time of the store's operations: a read call costs ``read_latency_s`` plus its
+    bytes at ``read_bw_bytes_s``; a durable write call (data + index fsync) costs
+    ``write_latency_s`` plus its bytes at ``write_bw_bytes_s``."""
+
     read_bw_bytes_s: float
     write_bw_bytes_s: float
     read_latency_s: float
     max_read_wait_s: float = 0.5
     max_write_backlog_s: float = 2.0
+    write_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.read_bw_bytes_s, self.write_bw_bytes_s) <= 0 or self.read_latency_s < 0:
-            raise ValueError("device bandwidths must be > 0 and latency >= 0")
+        if min(self.read_bw_bytes_s, self.write_bw_bytes_s) <= 0:
+            raise ValueError("device bandwidths must be > 0")
+        if self.read_latency_s < 0 or self.write_latency_s < 0:
+            raise ValueError("device latencies must be >= 0")
+
+    def read_s(self, calls: int, num_bytes: int) -> float:
+        return calls * self.read_latency_s + num_bytes / self.read_bw_bytes_s
+
+    def write_s(self, calls: int, num_bytes: int) -> float:
+        return calls * self.write_latency_s + num_bytes / self.write_bw_bytes_s
+
+
+class RealIO(Protocol):
+    """Real file I/O run alongside the simulation (validation slice); returns seconds taken."""
+
+    def write(self, session: int, keys: Sequence[int]) -> float: ...
+    def read(self, keys: Sequence[int]) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +100,18 @@ class SimMemory:
 
 
 class SimSSD:
-    """Per-session extents of ``extent_blocks`` slots; blocks never move; LRU extent eviction."""
+    """Per-session extents of up to ``extent_blocks`` contiguous slots; blocks never move; LRU
+    extent eviction. Capacity counts stored blocks: an extent's file grows as its session
+    appends (space is allocated per write, not reserved for the whole extent up front)."""
 
     def __init__(self, capacity_blocks: int, extent_blocks: int) -> None:
-        self.max_extents = capacity_blocks // extent_blocks
+        self.capacity_blocks = capacity_blocks
         self.extent_blocks = extent_blocks
         self.where: dict[int, tuple[int, int]] = {}
         self.extents: OrderedDict[int, list[int]] = OrderedDict()
         self.open_extent: dict[int, int] = {}
         self._next_id = 0
+        self._used_blocks = 0
 
     def __contains__(self, key: int) -> bool:
         return key in self.where
@@ -94,21 +121,23 @@ class SimSSD:
         return len(self.where)
 
     def append(self, session: int, key: int) -> None:
-        if self.max_extents <= 0 or key in self.where:
+        if self.capacity_blocks <= 0 or key in self.where:
             return
+        while self._used_blocks >= self.capacity_blocks and self.extents:
+            old, keys = self.extents.popitem(last=False)
+            self._used_blocks -= len(keys)
+            for k in keys:
+                if self.where.get(k, (None,))[0] == old:
+                    del self.where[k]
         eid = self.open_extent.get(session)
         if eid is None or eid not in self.extents or len(self.extents[eid]) >= self.extent_blocks:
-            while len(self.extents) >= self.max_extents:
-                old, keys = self.extents.popitem(last=False)
-                for k in keys:
-                    if self.where.get(k, (None,))[0] == old:
-                        del self.where[k]
             eid = self._next_id
             self._next_id += 1
             self.extents[eid] = []
             self.open_extent[session] = eid
         self.where[key] = (eid, len(self.extents[eid]))
         self.extents[eid].append(key)
+        self._used_blocks += 1
         self.extents.move_to_end(eid)
 
     def runs(self, keys: Sequence[int]) -> int:
@@ -145,6 +174,12 @@ class ReplayStats:
     duration_s: float = 0.0
     memory_blocks_end: int = 0
     ssd_blocks_end: int = 0
+    # Validation slice only (real I/O): modelled vs measured device seconds per operation kind.
+    model_read_s: float = 0.0
+    model_write_s: float = 0.0
+    measured_read_s: float | None = None
+    measured_write_s: float | None = None
+    ssd_write_calls: int = 0
 
     @property
     def read_back_ratio(self) -> float:
@@ -160,9 +195,10 @@ class ReplayStats:
 
 class Replayer:
     def __init__(self, policy: PlacementPolicy, store: StoreConfig, device: DeviceModel,
-                 speedup: float = 1.0) -> None:
+                 speedup: float = 1.0, real_io: RealIO | None = None) -> None:
         if speedup <= 0:
             raise ValueError(f"speedup must be > 0, got {speedup}")
+        self.real_io = real_io
         self.policy = policy
         self.store = store
         self.device = device
@@ -171,16 +207,24 @@ class Replayer:
         self.ssd = SimSSD(store.ssd_bytes // store.block_bytes, store.extent_blocks)
         self.seen: set[int] = set()  # the infinite cache: the ceiling
         self.refs: dict[int, int] = {}
-        self.busy_until = 0.0
+        self.turns: dict[int, int] = {}  # requests seen per session so far
+        self._offload: list[int] = []  # blocks memory evicted during this request (tiered)
+        # Device state: reads queue until read_busy_until; writes drain in the time reads leave.
+        self.read_busy_until = 0.0
+        self.write_backlog_s = 0.0
+        self.clock = 0.0
         self.stats = ReplayStats(policy.name, speedup)
+        if real_io is not None:
+            self.stats.measured_read_s = self.stats.measured_write_s = 0.0
 
     def run(self, requests: Sequence[TraceRequest]) -> ReplayStats:
         for req in requests:
             self.request(req)
         st = self.stats
         if requests:
-            st.duration_s = max(requests[-1].arrival_s / self.speedup, self.busy_until) - \
-                requests[0].arrival_s / self.speedup
+            end = max(requests[-1].arrival_s / self.speedup, self.read_busy_until) + \
+                self.write_backlog_s
+            st.duration_s = end - requests[0].arrival_s / self.speedup
         st.memory_blocks_end = len(self.memory.blocks)
         st.ssd_blocks_end = self.ssd.num_blocks
         return st
@@ -188,13 +232,27 @@ class Replayer:
     def _tokens(self, req: TraceRequest, i: int) -> int:
         return min(BLOCK_TOKENS, req.input_tokens - i * BLOCK_TOKENS)
 
+    def _advance(self, now: float) -> None:
+        """Device time between the last event and ``now`` not taken by reads drains writes."""
+        free_s = max(0.0, now - max(self.clock, self.read_busy_until))
+        self.write_backlog_s = max(0.0, self.write_backlog_s - free_s)
+        self.clock = max(self.clock, now)
+
+    @property
+    def write_pressure(self) -> float:
+        """Pending writes as a fraction of the backlog the device accepts (0 idle, 1 full)."""
+        return min(self.write_backlog_s / self.device.max_write_backlog_s, 1.0) \
+            if self.device.max_write_backlog_s > 0 else 1.0
+
     def request(self, req: TraceRequest) -> None:
         st = self.stats
         st.requests += 1
         now = req.arrival_s / self.speedup
+        self._advance(now)
         bb = self.store.block_bytes
+        full_blocks = req.input_tokens // BLOCK_TOKENS  # a partial last block is never stored
         ceiling = 0
-        for h in req.hash_ids:
+        for h in req.hash_ids[:full_blocks]:
             if h not in self.seen:
                 break
             ceiling += 1
@@ -213,17 +271,20 @@ class Replayer:
         usable = len(found)
         if ssd_keys:
             runs = self.ssd.runs(ssd_keys)
-            cost = runs * self.device.read_latency_s + len(ssd_keys) * bb / self.device.read_bw_bytes_s
-            start = max(now, self.busy_until)
+            cost = self.device.read_s(runs, len(ssd_keys) * bb)
+            start = max(now, self.read_busy_until)
             if start - now > self.device.max_read_wait_s:
                 # The device is too far behind: recompute from the first block on SSD.
                 usable = found.index(Medium.SSD)
                 st.abandoned_read_blocks += len(found) - usable
             else:
-                self.busy_until = start + cost
+                self.read_busy_until = start + cost
                 st.ssd_busy_s += cost
+                st.model_read_s += cost
                 st.ssd_read_calls += runs
                 st.bytes_read["ssd"] += len(ssd_keys) * bb
+                if self.real_io is not None and st.measured_read_s is not None:
+                    st.measured_read_s += self.real_io.read(ssd_keys)
         hits = list(zip(req.hash_ids[:usable], found[:usable]))
         for h, medium in hits:
             if medium is Medium.MEMORY:
@@ -241,13 +302,16 @@ class Replayer:
         st.read_back_tokens += sum(self._tokens(req, i) for i in range(usable))
         # The rest is recomputed and its blocks created now.
         ssd_batch: list[int] = []
-        for i in range(usable, len(req.hash_ids)):
+        turn = self.turns.get(req.session, 0)
+        pressure = self.write_pressure
+        for i in range(usable, full_blocks):
             h = req.hash_ids[i]
             parent = req.hash_ids[i - 1] if i else None
-            info = BlockInfo(h, req.session, i, len(req.hash_ids),
-                             self.refs.get(parent, 0) if parent is not None else 0)
             if h in self.memory or h in self.ssd:
                 continue
+            info = BlockInfo(h, req.session, i, len(req.hash_ids),
+                             self.refs.get(parent, 0) if parent is not None else 0,
+                             session_turn=turn, write_pressure=pressure)
             home = self.policy.home(info)
             if home is Medium.MEMORY:
                 self._to_memory(h, now)
@@ -255,26 +319,35 @@ class Replayer:
                 ssd_batch.append(h)
         if ssd_batch:
             self._write_ssd(req.session, ssd_batch, now)
-        for h in req.hash_ids:
+        if self._offload:
+            todo = list(dict.fromkeys(k for k in self._offload if k not in self.ssd))
+            self._offload.clear()
+            if todo:
+                self._write_ssd(OFFLOAD_STREAM, todo, now)
+        for h in req.hash_ids[:full_blocks]:
             self.seen.add(h)
             self.refs[h] = self.refs.get(h, 0) + 1
+        self.turns[req.session] = turn + 1
 
     def _to_memory(self, key: int, now: float) -> None:
         self.stats.bytes_written["memory"] += self.store.block_bytes
         evicted = self.memory.insert(key)
         if self.policy.offload_on_evict():
-            todo = [k for k in evicted if k not in self.ssd]
-            if todo:
-                self._write_ssd(OFFLOAD_STREAM, todo, now)
+            # Offloads are batched per request into one write call, as a real tiered store
+            # does (an fsync per evicted block would be an unfair baseline).
+            self._offload.extend(k for k in evicted if k not in self.ssd)
 
     def _write_ssd(self, session: int, keys: list[int], now: float) -> None:
-        start = max(now, self.busy_until)
-        if start - now > self.device.max_write_backlog_s:
+        if self.write_backlog_s > self.device.max_write_backlog_s:
             self.stats.dropped_write_blocks += len(keys)
             return
-        cost = len(keys) * self.store.block_bytes / self.device.write_bw_bytes_s
-        self.busy_until = start + cost
+        cost = self.device.write_s(1, len(keys) * self.store.block_bytes)
+        self.write_backlog_s += cost
         self.stats.ssd_busy_s += cost
+        self.stats.model_write_s += cost
+        self.stats.ssd_write_calls += 1
+        if self.real_io is not None and self.stats.measured_write_s is not None:
+            self.stats.measured_write_s += self.real_io.write(session, keys)
         self.stats.bytes_written["ssd"] += len(keys) * self.store.block_bytes
         for k in keys:
             self.ssd.append(session, k)

@@ -79,16 +79,8 @@ class AcceptanceCounter:
         assert self.accepted_per_pos is not None and self.drafted_per_pos is not None
         if self.num_drafts == 0:
             raise ValueError("no drafts were observed: cannot estimate acceptance")
-        u: list[float] = []
-        prev = 1.0
-        for acc, drafted in zip(self.accepted_per_pos, self.drafted_per_pos):
-            # Nothing reached this position: assume no better than the last known position.
-            value = acc / drafted if drafted else 0.0
-            prev = min(prev, value)
-            u.append(prev)
-        rate = min(1.0, self.num_drafts / self.request_steps) if self.request_steps else 1.0
-        reach = tuple(min(1.0, d / self.num_drafts) for d in self.drafted_per_pos)
-        return Acceptance(tuple(u), rate, reach)
+        return Acceptance.from_position_counts(self.num_drafts, self.drafted_per_pos,
+                                               self.accepted_per_pos, self.request_steps or None)
 
     @property
     def prompt_per_output(self) -> float:

@@ -31,7 +31,8 @@ class ModelError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Acceptance:
-    """Prefix acceptance: ``prefix_accept[i-1]`` = u_i = P(first i drafts all accepted)."""
+    """Prefix acceptance: ``prefix_accept[i-1]`` = u_i = P(first i drafts all accepted | the
+    draft reached position i); ``reach[i-1]`` = P(a draft reaches position i)."""
 
     prefix_accept: tuple[float, ...]
     draft_rate: float = 1.0
@@ -55,27 +56,55 @@ class Acceptance:
             prev = u
 
     @classmethod
-    def from_counts(
-        cls, num_drafts: int, accepted_per_pos: Sequence[int], num_request_steps: int | None = None
+    def from_position_counts(
+        cls,
+        num_drafts: float,
+        drafted_per_pos: Sequence[float],
+        accepted_per_pos: Sequence[float],
+        request_steps: float | None = None,
+        min_position_drafts: float = 0.0,
+        offered_per_pos: Sequence[float] | None = None,
     ) -> Acceptance:
-        """From vLLM's counters: drafts, and accepted tokens at each draft position.
+        """From vLLM's counters (plain or decayed): drafts, draft tokens and accepted tokens at
+        each position. The one estimator behind ``loadwise tune`` and the live plugin.
 
         Acceptance is a prefix (position i is accepted only if 0..i-1 were), so
-        ``accepted_per_pos[i] / num_drafts`` is u_{i+1} directly. ``num_request_steps`` (decode
-        steps of all requests, drafted or not) gives the draft rate; None means every step drafted.
+        u_i = accepted at i / drafts that reached i (a draft shorter than i says nothing about
+        position i), kept non-increasing. A position with no more than ``min_position_drafts``
+        drafts reaching it (the live table stopped drafting there) extrapolates the last
+        observed conditional acceptance and reach. ``request_steps`` (decode request-steps
+        taken while speculating) gives the draft rate; None means every step drafted.
+        ``offered_per_pos[i]``: drafts proposed while the table allowed position i (default: all
+        of them); reach is measured against it, so a table that asks for fewer tokens is not
+        mistaken for a drafter that finds fewer.
         """
-        if num_drafts <= 0:
+        offered = list(offered_per_pos) if offered_per_pos is not None else \
+            [float(num_drafts)] * len(drafted_per_pos)
+        if num_drafts <= 0 or not drafted_per_pos or drafted_per_pos[0] <= 0:
             raise ModelError("no drafts were counted: cannot estimate acceptance")
-        if any(a > num_drafts for a in accepted_per_pos):
-            raise ModelError(f"accepted counts {list(accepted_per_pos)} exceed drafts {num_drafts}")
-        u = []
-        prev = 1.0
-        for a in accepted_per_pos:
-            # Counters are sampled at different instants in a live engine; keep u monotone.
-            prev = min(prev, a / num_drafts)
-            u.append(prev)
-        rate = 1.0 if num_request_steps is None else min(1.0, num_drafts / max(num_request_steps, 1))
-        return cls(tuple(u), rate)
+        if len(drafted_per_pos) != len(accepted_per_pos):
+            raise ModelError("drafted and accepted counts must cover the same positions")
+        if any(a > d + 1e-9 for a, d in zip(accepted_per_pos, drafted_per_pos)):
+            raise ModelError(f"accepted counts {list(accepted_per_pos)} exceed drafted "
+                             f"{list(drafted_per_pos)}")
+        u: list[float] = []
+        reach: list[float] = []
+        prev_u, cond_u = 1.0, 1.0
+        prev_r, cond_r = 1.0, 1.0
+        for acc, dr, off in zip(accepted_per_pos, drafted_per_pos, offered):
+            if dr > 0 and dr >= min_position_drafts and off > 0:
+                value = min(prev_u, acc / dr)
+                cond_u = value / prev_u if prev_u > 0 else 0.0
+                r = min(prev_r, dr / off)
+                cond_r = r / prev_r if prev_r > 0 else 0.0
+            else:
+                value = prev_u * cond_u
+                r = prev_r * cond_r
+            u.append(value)
+            reach.append(r)
+            prev_u, prev_r = value, r
+        rate = min(1.0, num_drafts / request_steps) if request_steps else 1.0
+        return cls(tuple(u), rate, tuple(reach))
 
     @property
     def max_k(self) -> int:
@@ -84,7 +113,9 @@ class Acceptance:
     def expected_tokens(self, k: int) -> float:
         if k > self.max_k:
             raise ModelError(f"acceptance known for k <= {self.max_k}, asked for k={k}")
-        return 1.0 + self.draft_rate * sum(self.prefix_accept[:k])
+        reach = self.reach if self.reach is not None else (1.0,) * self.max_k
+        # A token at position i is accepted only if the draft reached i and 1..i were accepted.
+        return 1.0 + self.draft_rate * sum(r * u for r, u in zip(reach[:k], self.prefix_accept[:k]))
 
     def expected_drafts(self, k: int) -> float:
         """Draft tokens a request verifies per step at draft length k (what the step pays for)."""

@@ -142,6 +142,9 @@ class EngineSpec:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        # An in-process LocalEngine in this process sets VLLM_ENABLE_V1_MULTIPROCESSING=0; a
+        # server must not inherit it (its engine core would then run inside the API server).
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_space_gib))
         return env
 

@@ -129,42 +129,97 @@ class LocalEngine:
         """Keep ``concurrency`` requests in flight (a client sends its next request when its last
         finishes) for ``warmup_s + duration_s``; returns (output tokens, seconds) counted after
         warm-up. ``prompts`` is an iterator, or a function of the elapsed seconds (to switch
-        workloads mid-run). ``timeline`` receives (elapsed_s, output tokens so far) per step."""
-        t0 = time.perf_counter()
+        workloads mid-run). ``timeline`` receives (elapsed_s, output tokens so far) per step.
+        All clients start together; see :meth:`open_loop` for a steady-state population."""
+        loop = ClosedLoop(self, prompts, concurrency, max_tokens, stagger=False)
+        try:
+            return loop.run(duration_s, warmup_s, timeline)
+        finally:
+            loop.close()
 
-        def next_prompt() -> str:
-            return prompts(time.perf_counter() - t0) if callable(prompts) else next(prompts)
-
-        in_flight: dict[str, int] = {}
-        for _ in range(concurrency):
-            in_flight[self.add(next_prompt(), max_tokens)] = 0
-        counted_tokens = 0
-        total_tokens = 0
-        counting_since: float | None = None
-        while True:
-            now = time.perf_counter()
-            if counting_since is None and now - t0 >= warmup_s:
-                counting_since = now
-            if counting_since is not None and now - counting_since >= duration_s:
-                break
-            for out in self._step_outputs():
-                n = len(out.outputs[0].token_ids)
-                new_tokens = n - in_flight.get(out.request_id, 0)
-                total_tokens += new_tokens
-                if counting_since is not None:
-                    counted_tokens += new_tokens
-                in_flight[out.request_id] = n
-                if out.finished:
-                    del in_flight[out.request_id]
-                    in_flight[self.add(next_prompt(), max_tokens)] = 0
-            if timeline is not None:
-                timeline.append((time.perf_counter() - t0, total_tokens))
-        elapsed = time.perf_counter() - (counting_since or t0)
-        self.abort_all()
-        return counted_tokens, elapsed
+    def open_loop(self, prompts: Iterator[str], concurrency: int, max_tokens: int) -> ClosedLoop:
+        """A closed loop that keeps running between measurement windows (see ClosedLoop)."""
+        return ClosedLoop(self, prompts, concurrency, max_tokens, stagger=True)
 
     def shutdown(self) -> None:
         try:
             self.engine.engine_core.shutdown()
         except Exception:
             logger.debug("engine shutdown raised", exc_info=True)
+
+
+class ClosedLoop:
+    """``concurrency`` clients, each sending its next request when its last one finishes, kept
+    running across measurement windows: tables can change between windows while the request
+    population stays in steady state (prefills spread out, as in serving), instead of every
+    window starting with all clients prefilling at once and then decoding in lockstep.
+
+    With ``stagger`` the clients' first requests ask for 1/c, 2/c, … of ``max_tokens`` so
+    they finish at different times; :meth:`settle` runs until every client has finished one.
+    """
+
+    def __init__(self, engine: LocalEngine, prompts: Iterator[str] | Callable[[float], str],
+                 concurrency: int, max_tokens: int, stagger: bool) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.engine = engine
+        self.prompts = prompts
+        self.max_tokens = max_tokens
+        self.t0 = time.perf_counter()
+        self.in_flight: dict[str, int] = {}
+        self.finished = 0
+        for i in range(concurrency):
+            first = max(1, round(max_tokens * (i + 1) / concurrency)) if stagger else max_tokens
+            self.in_flight[engine.add(self._next_prompt(), first)] = 0
+
+    def _next_prompt(self) -> str:
+        p = self.prompts
+        return p(time.perf_counter() - self.t0) if callable(p) else next(p)
+
+    def _step(self) -> int:
+        new_tokens = 0
+        for out in self.engine._step_outputs():
+            n = len(out.outputs[0].token_ids)
+            new_tokens += n - self.in_flight.get(out.request_id, 0)
+            self.in_flight[out.request_id] = n
+            if out.finished:
+                del self.in_flight[out.request_id]
+                self.finished += 1
+                self.in_flight[self.engine.add(self._next_prompt(), self.max_tokens)] = 0
+        return new_tokens
+
+    def settle(self, max_s: float) -> float:
+        """Run until every client finished a request (at most ``max_s``); returns seconds."""
+        t0 = time.perf_counter()
+        target = self.finished + len(self.in_flight)
+        while self.finished < target and time.perf_counter() - t0 < max_s:
+            self._step()
+        return time.perf_counter() - t0
+
+    def run(self, duration_s: float, warmup_s: float = 0.0,
+            timeline: list[tuple[float, int]] | None = None,
+            prompts: Iterator[str] | None = None) -> tuple[int, float]:
+        """(output tokens, seconds) over ``duration_s`` after ``warmup_s`` of unmeasured steps.
+        ``prompts``: new requests from now on draw from this sequence (giving every compared
+        configuration the same sequence keeps the prompt mix out of the comparison)."""
+        if prompts is not None:
+            self.prompts = prompts
+        start = time.perf_counter()
+        counted = total = 0
+        counting_since: float | None = None
+        while True:
+            now = time.perf_counter()
+            if counting_since is None and now - start >= warmup_s:
+                counting_since = now
+            if counting_since is not None and now - counting_since >= duration_s:
+                break
+            n = self._step()
+            total += n
+            if counting_since is not None:
+                counted += n
+            if timeline is not None:
+                timeline.append((time.perf_counter() - self.t0, total))
+        return counted, time.perf_counter() - (counting_since or start)
+
+    def close(self) -> None:
+        self.engine.abort_all()

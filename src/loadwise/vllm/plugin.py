@@ -26,7 +26,7 @@ from typing import Any
 
 from loadwise.measure.profile import Profile, ProfileError
 from loadwise.measure.records import StepRecord
-from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
+from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
 from loadwise.policy.table import DraftLengthTable
 
 logger = logging.getLogger("loadwise.plugin")
@@ -103,7 +103,14 @@ def load_checked_profile(path: str, num_spec_tokens: int, model: str | None) -> 
 
 def adaptive_config_from_env() -> AdaptiveConfig:
     raw = os.environ.get(ENV_CONFIG)
-    return AdaptiveConfig(**json.loads(raw)) if raw else AdaptiveConfig()
+    if not raw:
+        return AdaptiveConfig()
+    try:
+        return AdaptiveConfig(**json.loads(raw))
+    except (ValueError, TypeError) as exc:
+        raise AdaptiveConfigError(f"{ENV_CONFIG}={raw!r} is not a valid adaptive config "
+                                  f"(fields: {', '.join(AdaptiveConfig.__dataclass_fields__)}): "
+                                  f"{exc}") from exc
 
 
 class AdaptiveObserver:
@@ -117,10 +124,14 @@ class AdaptiveObserver:
         self.failed = False
         self.fail_after = int(os.environ.get(ENV_FAIL_AFTER, "0") or 0)
         self.history: list[dict[str, Any]] = []
+        # Time spent inside the observer (on the engine's step path): its overhead, exactly.
+        self.busy_s = 0.0
+        self.calls = 0
 
     def __call__(self, record: StepRecord, scheduler: Any) -> None:
         if self.failed:
             return
+        t0 = time.perf_counter()
         try:
             self._step(record, scheduler)
         except Exception:
@@ -132,13 +143,17 @@ class AdaptiveObserver:
                 self._write_state(status="failed")
             except Exception:
                 logger.exception("loadwise: could not restore the static table")
+        finally:
+            self.busy_s += time.perf_counter() - t0
+            self.calls += 1
 
     def _step(self, record: StepRecord, scheduler: Any) -> None:
         if self.fail_after and self.controller.steps >= self.fail_after:
             raise RuntimeError(f"injected failure after {self.fail_after} steps ({ENV_FAIL_AFTER})")
         decision = self.controller.observe(
             record.batch_size, record.num_decode_reqs, record.num_drafts,
-            record.draft_tokens_per_pos, record.accepted_per_pos, record.k_next)
+            record.draft_tokens_per_pos, record.accepted_per_pos, record.k_next,
+            now_s=record.end_time_s)
         if decision is not None:
             scheduler.set_table(decision.table.to_vllm())
             logger.info("loadwise: table %s -> %s: %s", decision.previous, decision.table,
@@ -166,6 +181,8 @@ class AdaptiveObserver:
             "draft_rate": acc.draft_rate if acc else None,
             "effective_drafts": ctrl.estimator.num_drafts,
             "changes": self.history[-10:],
+            "observer_busy_s": self.busy_s,
+            "observer_calls": self.calls,
         }
         tmp = f"{self.state_path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
@@ -191,6 +208,11 @@ def attach_controller(scheduler: Any) -> None:
                                         adaptive_config_from_env())
     except (ProfileError, ValueError) as exc:
         logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)
+        return
+    except Exception:
+        # Never take the engine down: anything unexpected leaves the static table in force.
+        logger.exception("loadwise: adaptive tables are OFF (unexpected error), serving the "
+                         "static table")
         return
     observer = AdaptiveObserver(controller, static, os.environ.get(ENV_STATE))
     scheduler.loadwise_observers.append(observer)

@@ -31,6 +31,7 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 from loadwise.measure.records import StepRecord
 
 logger = logging.getLogger("loadwise.scheduler")
+MAX_PENDING_STEPS = 16  # steps scheduled but not yet updated (async scheduling: 1-2)
 
 StepObserver = Callable[[StepRecord, Any], None]
 RECORD_HISTORY = 100_000
@@ -131,6 +132,10 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
                 else:
                     num_decode += 1
             self._lw_pending[id(out)] = (start_s, num_decode, num_prefill_tokens)
+            # A scheduled step whose update never comes (engine reset, aborted batch) must not
+            # pile up: at most a few steps are ever in flight, keep the newest.
+            while len(self._lw_pending) > MAX_PENDING_STEPS:
+                del self._lw_pending[next(iter(self._lw_pending))]
 
         def _lw_count(self, so: Any, mro: Any) -> tuple[int, int, list[int], list[int]]:
             accepted = [0] * self.num_spec_tokens
