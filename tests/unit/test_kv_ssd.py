@@ -108,3 +108,25 @@ def test_kill_9_during_writes_keeps_every_acknowledged_block(tmp_path: Path) -> 
     # Anything beyond the acknowledged prefix is either intact or absent, never torn.
     for k, g in enumerate(ssd.get_many(list(range(acked, acked + 64))), start=acked):
         assert g is None or zlib.crc32(g) == zlib.crc32(k.to_bytes(8, "little") * 512)
+
+
+def test_short_sessions_do_not_reserve_whole_extents(tmp_path: Path) -> None:
+    # 4 extents' worth of capacity, preallocation in 1-block chunks: 16 one-block sessions fit.
+    ssd = SSDMedium(tmp_path, capacity_bytes=4 * 4096, extent_bytes=4096, prealloc_bytes=256)
+    for s in range(16):
+        assert ssd.put_many(s, [(s, payload(s))]) == []
+    assert ssd.used_bytes == 16 * 256
+    assert ssd.get_many(list(range(16))) == [payload(s) for s in range(16)]
+
+
+def test_eviction_keeps_the_journal_consistent_across_reopen(tmp_path: Path) -> None:
+    # Room for one session: the second put evicts the first whole extent, never its own.
+    ssd = SSDMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
+    ssd.put_many(1, [(k, payload(k)) for k in range(6)])
+    evicted = ssd.put_many(2, [(k, payload(k)) for k in range(100, 106)])
+    assert sorted(evicted) == list(range(6))
+    ssd.close()
+    again = SSDMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
+    assert set(again.index) == set(range(100, 106))
+    assert again.get_many(list(range(100, 106))) == [payload(k) for k in range(100, 106)]
+    assert len(list((tmp_path / "extents").glob("*.ext"))) == 1

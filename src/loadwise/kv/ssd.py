@@ -13,6 +13,10 @@ Durability invariants:
   * every read verifies the block's CRC32: a torn or corrupt block is reported missing, never
     returned.
 Blocks never move. Eviction drops whole extents (least recently used session first).
+
+Space: an extent holds at most ``extent_bytes``; its file is preallocated (posix_fallocate) in
+chunks of ``prealloc_bytes`` as its session appends, so a short session does not reserve a
+whole extent, and capacity counts allocated bytes.
 """
 
 from __future__ import annotations
@@ -49,19 +53,21 @@ class Location:
 class Extent:
     extent_id: int
     session: int
-    capacity_bytes: int
+    capacity_bytes: int  # most bytes this extent may hold
     used_bytes: int = 0
+    allocated_bytes: int = 0  # preallocated on disk so far
 
 
 class SSDMedium:
     def __init__(self, root: str | Path, capacity_bytes: int, extent_bytes: int,
-                 fsync: bool = True) -> None:
+                 fsync: bool = True, prealloc_bytes: int | None = None) -> None:
         if extent_bytes <= 0 or capacity_bytes < extent_bytes:
             raise StoreError(f"SSD capacity {capacity_bytes} B must hold at least one extent "
                              f"of {extent_bytes} B")
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self.extent_bytes = extent_bytes
+        self.prealloc_bytes = max(1, min(prealloc_bytes or extent_bytes // 8 or 1, extent_bytes))
         self.fsync = fsync
         try:
             (self.root / "extents").mkdir(parents=True, exist_ok=True)
@@ -73,6 +79,7 @@ class SSDMedium:
         self.session_extent: dict[int, int] = {}
         self.blocks_in_extent: dict[int, list[int]] = {}
         self._fds: dict[int, int] = {}
+        self._in_put: set[int] = set()  # extents written by the put in progress
         self.bytes_written = 0
         self.bytes_read = 0
         self.read_calls = 0
@@ -116,6 +123,7 @@ class SSDMedium:
             self.extents[extent_id] = ext
             self.blocks_in_extent[extent_id] = []
         ext.used_bytes = max(ext.used_bytes, offset + length)
+        ext.allocated_bytes = max(ext.allocated_bytes, self._round_up(ext.used_bytes))
         self.session_extent[session] = extent_id
         self.index[key] = Location(extent_id, offset, length, crc)
         self.blocks_in_extent[extent_id].append(key)
@@ -132,36 +140,71 @@ class SSDMedium:
     # --- writes -------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return sum(e.capacity_bytes for e in self.extents.values())
+        """Bytes allocated on disk by live extents (what capacity limits)."""
+        return sum(e.allocated_bytes for e in self.extents.values())
+
+    def _round_up(self, n: int) -> int:
+        c = self.prealloc_bytes
+        return min(-(-n // c) * c, max(self.extent_bytes, n))
+
+    def _allocate(self, ext: Extent, end: int, evicted: list[int]) -> None:
+        """Make sure bytes [0, end) of the extent are allocated, evicting other extents first
+        if capacity needs it (never the extent being written)."""
+        target = self._round_up(end)
+        if target <= ext.allocated_bytes:
+            return
+        while self.used_bytes + target - ext.allocated_bytes > self.capacity_bytes:
+            dropped = self.evict_oldest(protect={ext.extent_id})
+            if dropped is None:
+                break  # only extents of this put are left: let it through, slightly over
+            evicted += dropped
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(self._fd(ext.extent_id), ext.allocated_bytes,
+                                   target - ext.allocated_bytes)
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+        ext.allocated_bytes = target
 
     def put_many(self, session: int, blocks: Sequence[tuple[int, bytes]]) -> list[int]:
         """Append blocks to the session's extent; returns the keys evicted to make room.
-        Returns only after the blocks are durable (see module invariants)."""
+        Returns only after the blocks are durable (see module invariants). On a StoreError
+        none of this call's blocks is indexed (they were never acknowledged)."""
         evicted: list[int] = []
         records: list[bytes] = []
-        touched: set[int] = set()
-        for key, payload in blocks:
-            if key in self.index:
-                continue
-            if len(payload) > self.extent_bytes:
-                raise StoreError(f"block of {len(payload)} B exceeds the extent size "
-                                 f"{self.extent_bytes} B")
-            ext = self._extent_for(session, len(payload), evicted)
-            offset = ext.used_bytes
-            try:
-                os.pwrite(self._fd(ext.extent_id), payload, offset)
-            except OSError as exc:
-                raise self._io_error(exc) from exc
-            crc = zlib.crc32(payload)
-            records.append(self._record(OP_PUT, PUT.pack(key, session, ext.extent_id, offset,
-                                                         len(payload), crc)))
-            self._index_put(key, session, ext.extent_id, offset, len(payload), crc)
-            self.bytes_written += len(payload)
-            touched.add(ext.extent_id)
-        for extent_id in touched:
-            self._sync(self._fds[extent_id])
-        if records:
-            self._append_journal(records)
+        added: list[int] = []
+        touched = self._in_put = set()
+        try:
+            for key, payload in blocks:
+                if key in self.index:
+                    continue
+                if len(payload) > self.extent_bytes:
+                    raise StoreError(f"block of {len(payload)} B exceeds the extent size "
+                                     f"{self.extent_bytes} B")
+                ext = self._extent_for(session, len(payload), evicted)
+                touched.add(ext.extent_id)
+                offset = ext.used_bytes
+                self._allocate(ext, offset + len(payload), evicted)
+                try:
+                    os.pwrite(self._fd(ext.extent_id), payload, offset)
+                except OSError as exc:
+                    raise self._io_error(exc) from exc
+                crc = zlib.crc32(payload)
+                records.append(self._record(OP_PUT, PUT.pack(key, session, ext.extent_id,
+                                                             offset, len(payload), crc)))
+                self._index_put(key, session, ext.extent_id, offset, len(payload), crc)
+                added.append(key)
+                self.bytes_written += len(payload)
+            for extent_id in touched:
+                self._sync(self._fds[extent_id])
+            if records:
+                self._append_journal(records)
+        except StoreError:
+            for key in added:
+                self.index.pop(key, None)
+            raise
+        finally:
+            self._in_put = set()
         return evicted
 
     def _extent_for(self, session: int, size: int, evicted: list[int]) -> Extent:
@@ -171,15 +214,17 @@ class SSDMedium:
             if ext.used_bytes + size <= ext.capacity_bytes:
                 self.extents.move_to_end(eid)
                 return ext
-        while self.used_bytes + self.extent_bytes > self.capacity_bytes and self.extents:
-            evicted += self.evict_oldest()
+        # Room for the first chunk of a new extent (further chunks: _allocate).
+        while self.used_bytes + self._round_up(size) > self.capacity_bytes:
+            dropped = self.evict_oldest()
+            if dropped is None:
+                break
+            evicted += dropped
         new_id = max(self.extents, default=-1) + 1
         new_id = max(new_id, self._next_free_id())
         path = self.root / "extents" / f"{new_id}.ext"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, self.extent_bytes)
         except OSError as exc:
             raise self._io_error(exc) from exc
         self._fds[new_id] = fd
@@ -193,9 +238,15 @@ class SSDMedium:
         ids = [int(p.stem) for p in (self.root / "extents").glob("*.ext")]
         return max(ids, default=-1) + 1
 
-    def evict_oldest(self) -> list[int]:
-        """Drop the least recently used extent (journaled first, then its file)."""
-        eid, _ = next(iter(self.extents.items()))
+    def evict_oldest(self, protect: set[int] | None = None) -> list[int] | None:
+        """Drop the least recently used extent (journaled first, then its file); returns its
+        keys, or None when nothing can be evicted. Extents written by the put in progress are
+        never evicted: their PUT records are not journaled yet, and a DROP before them would
+        let recovery resurrect blocks of a deleted file."""
+        shielded = self._in_put | (protect or set())
+        eid = next((e for e in self.extents if e not in shielded), None)
+        if eid is None:
+            return None
         keys = [k for k in self.blocks_in_extent.get(eid, [])
                 if (loc := self.index.get(k)) is not None and loc.extent == eid]
         self._append_journal([self._record(OP_DROP, DROP.pack(eid))])
