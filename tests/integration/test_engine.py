@@ -49,3 +49,27 @@ def test_live_table_is_applied_per_step(engine) -> None:
     for prev, cur in zip(recs, recs[1:]):
         assert max((i + 1 for i, n in enumerate(cur.draft_tokens_per_pos) if n), default=0) <= prev.k_next
     assert any(r.num_draft_tokens > r.num_drafts for r in recs if r.batch_size == 1)
+
+
+def test_steady_closed_loop_keeps_every_client_busy_across_windows(engine) -> None:
+    import itertools
+
+    engine.set_table(DraftLengthTable.fixed(2, MAX_K, 16))
+    prompts = itertools.cycle([engine.chat_prompt(p) for p in PROMPTS])
+    loop = engine.open_loop(prompts, concurrency=3, max_tokens=24)
+    try:
+        # Staggered first requests (8, 16, 24 tokens): they finish at different times.
+        assert loop.settle(max_s=120) < 120
+        assert loop.finished >= 3 and len(loop.in_flight) == 3
+        before = engine.num_records()
+        tokens, secs = loop.run(duration_s=2.0, warmup_s=0.5, prompts=iter(prompts))
+        assert tokens > 0 and secs >= 2.0
+        # The population stays at 3 requests and keeps decoding while the table changes.
+        engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+        tokens0, _ = loop.run(duration_s=1.0)
+        assert tokens0 > 0 and len(loop.in_flight) == 3
+        recs = engine.records_since(before)
+        assert max(r.batch_size for r in recs) <= 3
+    finally:
+        loop.close()
+    assert not engine.engine.has_unfinished_requests()
