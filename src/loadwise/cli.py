@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -231,16 +232,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name, res in results["workloads"].items():
         t = Table(title=f"{name}: measured table {res['measured_table']}")
         for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss (paired)",
-                    "measured table loss (paired)", "prediction error (measured table)"):
+                    "measured table loss (paired)", "measured table ≡ (pooled loss)",
+                    "prediction error (measured table)"):
             t.add_column(col, justify="right")
+
+        def fmt(c: dict[str, Any]) -> str:
+            pl = c["paired_loss"]
+            return (f"{pl['median']:+.1%} [{pl['min']:+.1%}, {pl['max']:+.1%}]"
+                    + (" (tie)" if c["within_noise"] else ""))
+
         for e in res["loads"]:
             d, m = e["configs"]["docs table"], e["configs"]["measured table"]
-            def fmt(c: dict) -> str:
-                pl = c["paired_loss"]
-                return (f"{pl['median']:+.1%} [{pl['min']:+.1%}, {pl['max']:+.1%}]"
-                        + (" (tie)" if c["within_noise"] else ""))
+            same = (f"{m['equivalent_fixed']} ({m['equivalent_loss']:+.1%})"
+                    if "equivalent_fixed" in m else "-")
             t.add_row(str(e["load"]), e["best_fixed"], f"{e['best_fixed_tok_s']:.1f}",
-                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), f"{m['prediction_rel_error']:+.1%}")
+                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same,
+                      f"{m['prediction_rel_error']:+.1%}")
         console.print(t)
     console.print(f"results: {json_path}  plot: {png_path}")
     return 0

@@ -140,7 +140,48 @@ def run_evaluate(
             "prefill_s_per_token": profile.prefill_s_per_token,
             "loads": per_load,
         }
-    return {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
+    out = {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
+    add_equivalence(out)
+    return out
+
+
+def _lookup(vllm_table: list[list[int]], batch_size: int) -> int:
+    """k of a table in vLLM's JSON form; sizes past the last range take its k."""
+    for _, end_bs, k in vllm_table:
+        if batch_size <= end_bs:
+            return int(k)
+    return int(vllm_table[-1][2])
+
+
+def add_equivalence(results: dict[str, Any]) -> dict[str, Any]:
+    """For each table at each load: the fixed k it applies at that batch size. Where a table
+    runs the same k as a fixed configuration, the two are one configuration and their measured
+    difference is the noise floor; the table's loss is then the loss of that fixed k (pooled
+    over both sets of samples). Adds ``k_at_load``, ``equivalent_fixed``,
+    ``equivalent_loss`` and ``identical_config_gap`` (median paired gap between the two runs
+    of the same configuration). Works on results written by older versions too."""
+    for res in results["workloads"].values():
+        for e in res["loads"]:
+            c = e["load"]
+            cfgs = e["configs"]
+            best = cfgs[e["best_fixed"]]
+            for name, entry in cfgs.items():
+                k = _lookup(entry["table"], c)
+                entry["k_at_load"] = k
+                if name.startswith("k="):
+                    continue
+                twin = cfgs.get(f"k={k}")
+                if twin is None:
+                    continue
+                pooled = sorted(twin["samples_tok_s"] + entry["samples_tok_s"])
+                pooled_median = summarize(pooled).median
+                entry["equivalent_fixed"] = f"k={k}"
+                entry["equivalent_loss"] = (0.0 if f"k={k}" == e["best_fixed"] else
+                                            1.0 - pooled_median / best["median_tok_s"])
+                gaps = [1.0 - x / y for x, y in zip(entry["samples_tok_s"], twin["samples_tok_s"])]
+                entry["identical_config_gap"] = {"median": summarize(gaps).median,
+                                                 "min": min(gaps), "max": max(gaps)}
+    return results
 
 
 def _window(engine: TunableEngine, loop: Any, cfg: EvalConfig,

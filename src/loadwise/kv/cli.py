@@ -142,7 +142,7 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
         finally:
             io.close()
             shutil.rmtree(root, ignore_errors=True)
-        row = {"ssd_write_calls": st.ssd_write_calls, "ssd_read_calls": st.ssd_read_calls,
+        row: dict[str, Any] = {"ssd_write_calls": st.ssd_write_calls, "ssd_read_calls": st.ssd_read_calls,
                "bytes_written": st.bytes_written["ssd"], "bytes_read": st.bytes_read["ssd"],
                "model_write_s": st.model_write_s, "measured_write_s": st.measured_write_s,
                "model_read_s": st.model_read_s, "measured_read_s": st.measured_read_s,

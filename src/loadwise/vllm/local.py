@@ -72,9 +72,10 @@ class LocalEngine:
 
     # --- requests -------------------------------------------------------------------------
     def chat_prompt(self, user_text: str) -> str:
-        return self.tokenizer.apply_chat_template(
+        text = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
         )
+        return str(text)
 
     def sampling(self, max_tokens: int, ignore_eos: bool = False) -> Any:
         from vllm import SamplingParams
