@@ -157,3 +157,14 @@ def test_validation_slice_does_the_same_io_for_real(tmp_path: Path) -> None:
     assert set(io.ssd.index) == set(r.ssd.where)
     assert io.ssd.read_calls == s.ssd_read_calls  # same coalescing in the model and the store
     io.close()
+
+
+def test_call_cost_fit_recovers_latency_and_bandwidth() -> None:
+    from loadwise.kv.realio import fit_call_cost
+
+    calls = [(b, 0.002 + b / 4e8) for b in (1 << 20, 4 << 20, 16 << 20, 32 << 20)]
+    latency, bw = fit_call_cost(calls)
+    assert latency == pytest.approx(0.002, rel=1e-6) and bw == pytest.approx(4e8, rel=1e-6)
+    # One size only: bandwidth through the origin; nothing measured: no fit.
+    assert fit_call_cost([(1000, 0.5), (1000, 0.5)]) == (0.0, 2000.0)
+    assert fit_call_cost([]) is None

@@ -35,6 +35,10 @@ def add_parser(sub: Any) -> None:
                     "read_latency_s); default: measure the real store in --store-dir now")
     rp.add_argument("--store-dir", default=None, help="where to measure the real store")
     rp.add_argument("--strict", action="store_true", help="reject the trace on a malformed line")
+    rp.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                    help="replay with the model from the micro-benchmark even when the validation "
+                    "slice measured different per-call costs (default: refit latency and "
+                    "bandwidth per call kind on the slice's real calls)")
     rp.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     rp.add_argument("--validate-requests", type=int, default=200,
                     help="replay the first N requests again with real file I/O in --store-dir and "
@@ -82,6 +86,16 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     device, device_info = _device(args, console)
     speedups = [float(x) for x in args.speedups.split(",")]
     policies = [p.strip() for p in args.policies.split(",")]
+    validation = None
+    if args.validate_requests > 0:
+        validation = _validate(args, requests[: args.validate_requests], store, device,
+                               policies, console)
+        if args.calibrate and validation.get("calibrated_model"):
+            device = DeviceModel(**validation["calibrated_model"])
+            device_info = {**device_info, "measured_model": device_info.get("model"),
+                           "model": validation["calibrated_model"],
+                           "calibrated_from": "validation slice"}
+            console.print(f"device model calibrated on the slice: {validation['calibrated_model']}")
     results: dict[str, list[dict[str, Any]]] = {}
     for name in policies:
         results[name] = [Replayer(create_policy(name), store, device, sp).run(requests).to_json()
@@ -108,9 +122,8 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
                          "ssd_bytes": store.ssd_bytes, "memory_frac": args.memory_frac,
                          "ssd_frac": args.ssd_frac, "extent_blocks": store.extent_blocks},
                "device": device_info, "speedups": speedups, "results": results}
-    if args.validate_requests > 0:
-        payload["validation"] = _validate(args, requests[: args.validate_requests], store, device,
-                                          policies, console)
+    if validation is not None:
+        payload["validation"] = validation
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     _plot(payload, stem.with_suffix(".png"))
     console.print(f"results: {stem.with_suffix('.json')}  plot: {stem.with_suffix('.png')}")
@@ -124,11 +137,16 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
     import shutil
     import tempfile
 
-    from loadwise.kv.realio import RealSSDIO
+    from loadwise.kv.realio import RealSSDIO, fit_call_cost
 
     # Short extents keep the preallocated space of the slice small; the sim uses the same.
-    slice_store = StoreConfig(store.block_bytes, store.memory_bytes, store.ssd_bytes, extent_blocks=16)
+    # Memory is scaled to the slice's own footprint (same fraction), so the tiered policy fills
+    # it and offloads within the slice; the SSD keeps the full budget.
+    mem_bytes = int(unique_blocks(requests) * store.block_bytes * args.memory_frac)
+    slice_store = StoreConfig(store.block_bytes, mem_bytes, store.ssd_bytes, extent_blocks=16)
     out: dict[str, Any] = {"requests": len(requests), "extent_blocks": 16, "policies": {}}
+    writes: list[tuple[int, float]] = []
+    reads: list[tuple[int, float]] = []
     t = Table(title=f"validation slice: first {len(requests)} requests with real file I/O")
     for col in ("policy", "writes", "model write s", "real write s", "reads", "model read s",
                 "real read s"):
@@ -142,6 +160,8 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
         finally:
             io.close()
             shutil.rmtree(root, ignore_errors=True)
+        writes += io.write_calls
+        reads += io.read_calls
         row: dict[str, Any] = {"ssd_write_calls": st.ssd_write_calls, "ssd_read_calls": st.ssd_read_calls,
                "bytes_written": st.bytes_written["ssd"], "bytes_read": st.bytes_read["ssd"],
                "model_write_s": st.model_write_s, "measured_write_s": st.measured_write_s,
@@ -155,6 +175,14 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
                   f"{st.measured_write_s or 0:.2f}", str(st.ssd_read_calls),
                   f"{st.model_read_s:.3f}", f"{st.measured_read_s or 0:.3f}")
     console.print(t)
+    w_fit, r_fit = fit_call_cost(writes), fit_call_cost(reads)
+    out["fit"] = {"write": w_fit, "read": r_fit, "write_calls": len(writes), "read_calls": len(reads)}
+    if w_fit is not None and r_fit is not None:
+        out["calibrated_model"] = {
+            "read_bw_bytes_s": r_fit[1], "write_bw_bytes_s": w_fit[1],
+            "read_latency_s": r_fit[0], "write_latency_s": w_fit[0],
+            "max_read_wait_s": device.max_read_wait_s,
+            "max_write_backlog_s": device.max_write_backlog_s}
     return out
 
 
