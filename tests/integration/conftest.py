@@ -11,6 +11,10 @@ from loadwise.model import prepare
 from loadwise.vllm.config import EngineSpec
 
 MAX_K = 4
+# The environment before any in-process engine exists: vLLM's CPU worker writes thread and
+# allocator settings into os.environ at start-up, and a `loadwise serve` child started later
+# from this process must not inherit them.
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
 
 
 @pytest.fixture(scope="session")

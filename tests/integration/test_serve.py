@@ -17,6 +17,7 @@ import requests
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.vllm.server import free_port
 
+from .conftest import CLEAN_ENV
 from .test_engine import PROMPTS
 
 START_TIMEOUT_S = 600
@@ -25,7 +26,7 @@ START_TIMEOUT_S = 600
 def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str, Path]:
     port = free_port()
     step_log = tmp_path / f"steps-{port}.jsonl"
-    env = dict(os.environ, LOADWISE_STEP_LOG=str(step_log))
+    env = dict(CLEAN_ENV, LOADWISE_STEP_LOG=str(step_log))
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
          "--max-num-seqs", "16", *extra],
