@@ -31,6 +31,7 @@ from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import Workload, builtin
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
+from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
 from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import ClosedLoop, LocalEngine
@@ -121,7 +122,7 @@ def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases:
             ph["settle_s"] = 0.0
             continue
         hit = [ch["elapsed_s"] - a for ch in changes if ch["elapsed_s"] >= a
-               and _lookup(ch["new"], load) == target]
+               and lookup_vllm(ch["new"], load) == target]
         ph["settle_s"] = hit[0] if hit else None
     overhead = None
     if observer is not None:
@@ -133,15 +134,11 @@ def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases:
             "changes": changes, "final_table": sched.loadwise_table, "overhead": overhead}
 
 
-def _lookup(vllm_table: list[list[int]], b: int) -> int:
-    return next((k for lo, hi, k in vllm_table if lo <= b <= hi), 0)
-
-
 def _k_at(load: int, changes: list[dict[str, Any]], t: float, start_table: Any) -> int:
     k = start_table.lookup(load)
     for ch in changes:
         if ch["elapsed_s"] < t:
-            k = _lookup(ch["new"], load)
+            k = lookup_vllm(ch["new"], load)
     return k
 
 

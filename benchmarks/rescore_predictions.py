@@ -20,11 +20,8 @@ from typing import Any
 
 from loadwise.measure.profile import Profile
 from loadwise.policy.goodput import closed_loop_throughput
+from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
-
-
-def _lookup(table: list[list[int]], b: int) -> int:
-    return next((k for _, end, k in table if b <= end), table[-1][2])
 
 
 def rescore(profile: Profile, results: dict[str, Any]) -> dict[str, Any]:
@@ -37,7 +34,7 @@ def rescore(profile: Profile, results: dict[str, Any]) -> dict[str, Any]:
         for e in res["loads"]:
             c = e["load"]
             for cfg_name, cfg in e["configs"].items():
-                k = _lookup(cfg["table"], c)
+                k = lookup_vllm(cfg["table"], c)
                 pred = closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token or 0.0,
                                               ppo)
                 err = pred / cfg["median_tok_s"] - 1.0

@@ -21,7 +21,7 @@ from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.measure.workloads import Workload
 from loadwise.policy.goodput import closed_loop_throughput, goodput
-from loadwise.policy.table import DraftLengthTable
+from loadwise.policy.table import DraftLengthTable, lookup_vllm
 from loadwise.tune import TunableEngine
 
 DOCS_TABLE = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
@@ -115,8 +115,7 @@ def run_evaluate(
                              closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
                                                     prompt_per_output))
                 entry["configs"][name] = {
-                    "table": table.to_vllm(), "k_at_load": table.lookup(c),
-                    "samples_tok_s": samples[c][name],
+                    "table": table.to_vllm(), "samples_tok_s": samples[c][name],
                     "median_tok_s": s.median, "min_tok_s": min(samples[c][name]),
                     "max_tok_s": max(samples[c][name]),
                     "loss_vs_best_fixed": loss,
@@ -145,14 +144,6 @@ def run_evaluate(
     return out
 
 
-def _lookup(vllm_table: list[list[int]], batch_size: int) -> int:
-    """k of a table in vLLM's JSON form; sizes past the last range take its k."""
-    for _, end_bs, k in vllm_table:
-        if batch_size <= end_bs:
-            return int(k)
-    return int(vllm_table[-1][2])
-
-
 def add_equivalence(results: dict[str, Any]) -> dict[str, Any]:
     """For each table at each load: the fixed k it applies at that batch size. Where a table
     runs the same k as a fixed configuration, the two are one configuration and their measured
@@ -166,15 +157,14 @@ def add_equivalence(results: dict[str, Any]) -> dict[str, Any]:
             cfgs = e["configs"]
             best = cfgs[e["best_fixed"]]
             for name, entry in cfgs.items():
-                k = _lookup(entry["table"], c)
+                k = lookup_vllm(entry["table"], c)
                 entry["k_at_load"] = k
                 if name.startswith("k="):
                     continue
                 twin = cfgs.get(f"k={k}")
                 if twin is None:
                     continue
-                pooled = sorted(twin["samples_tok_s"] + entry["samples_tok_s"])
-                pooled_median = summarize(pooled).median
+                pooled_median = summarize(twin["samples_tok_s"] + entry["samples_tok_s"]).median
                 entry["equivalent_fixed"] = f"k={k}"
                 entry["equivalent_loss"] = (0.0 if f"k={k}" == e["best_fixed"] else
                                             1.0 - pooled_median / best["median_tok_s"])

@@ -97,3 +97,11 @@ def test_lookup_past_end_uses_last_range(ks: list[int], b: int) -> None:
 def test_from_mapping_with_hole_is_rejected() -> None:
     with pytest.raises(TableError, match="missing"):
         DraftLengthTable.from_mapping({1: 2, 3: 1}, max_k=3)
+
+
+def test_lookup_on_vllm_json_matches_the_table() -> None:
+    from loadwise.policy.table import lookup_vllm
+
+    t = DraftLengthTable.parse([[1, 4, 3], [5, 16, 1], [17, 32, 0]], 3)
+    for b in range(1, 40):
+        assert lookup_vllm(t.to_vllm(), b) == t.lookup(b)

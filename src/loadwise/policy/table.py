@@ -184,3 +184,11 @@ class DraftLengthTable:
     def __str__(self) -> str:
         return self.to_json()
 
+
+def lookup_vllm(vllm_table: list[list[int]], batch_size: int) -> int:
+    """k of a table in vLLM's JSON form (``[[start_bs, end_bs, k], ...]``, as stored in result
+    files); sizes past the last range take its k, as in :meth:`DraftLengthTable.lookup`."""
+    for _, end_bs, k in vllm_table:
+        if batch_size <= end_bs:
+            return int(k)
+    return int(vllm_table[-1][2])
