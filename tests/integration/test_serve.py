@@ -55,8 +55,16 @@ def _stop(proc: subprocess.Popen[str]) -> str:
         # gets headroom on top.
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        # Diagnose before cleaning up: is loadwise itself still running, or has it exited while
+        # something else still holds its output pipe open? Which processes are left?
+        alive = proc.poll() is None
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,etime,cmd"], capture_output=True,
+                            text=True, check=False).stdout
+        left = [line for line in ps.splitlines() if "vllm" in line or "loadwise" in line]
         os.killpg(proc.pid, signal.SIGKILL)  # vLLM dies with it (parent-death signal)
-        pytest.fail("loadwise serve did not stop within 120 s of Ctrl-C")
+        pytest.fail(f"loadwise serve did not stop within 120 s of Ctrl-C (loadwise process "
+                    f"{'still running' if alive else f'exited {proc.returncode}, pipe held open'});"
+                    " processes left:\n" + "\n".join(left))
     return out
 
 
