@@ -23,10 +23,13 @@ from .test_engine import PROMPTS
 START_TIMEOUT_S = 600
 
 
-def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str, Path]:
+def _start_serve(tmp_path: Path, *extra: str,
+                 env_extra: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, Path]:
+    """`loadwise serve` in its own session. Its environment is the one from before any
+    in-process engine (CLEAN_ENV) plus ``env_extra``: changes to os.environ do not reach it."""
     port = free_port()
     step_log = tmp_path / f"steps-{port}.jsonl"
-    env = dict(CLEAN_ENV, LOADWISE_STEP_LOG=str(step_log))
+    env = dict(CLEAN_ENV, LOADWISE_STEP_LOG=str(step_log), **(env_extra or {}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
          "--max-num-seqs", "16", *extra],

@@ -21,6 +21,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,7 @@ class AdaptiveObserver:
             "changes": self.history[-10:],
             "observer_busy_s": self.busy_s,
             "observer_calls": self.calls,
+            "config": asdict(ctrl.cfg),  # what the controller really runs with
         }
         tmp = f"{self.state_path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
