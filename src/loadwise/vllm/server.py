@@ -35,8 +35,11 @@ def free_port() -> int:
 
 def _own_group_dies_with_parent() -> None:
     """In the child before exec: its own process group (so stop() can signal all of vLLM), and
-    on Linux a SIGTERM when loadwise dies, so even a SIGKILLed loadwise leaves no orphan."""
+    on Linux a SIGTERM when loadwise dies, so even a SIGKILLed loadwise leaves no orphan.
+    SIGINT goes back to its default: an ignored SIGINT (inherited from a background job of a
+    non-interactive shell) survives exec, and vLLM would then sit out stop()'s SIGINT grace."""
     os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import ctypes
 
@@ -141,7 +144,8 @@ class ServerProcess:
                 self.proc.wait(timeout=wait_s)
                 break
             except subprocess.TimeoutExpired:
-                continue
+                print(f"loadwise: vLLM still running {wait_s:.0f} s after {sig.name}; escalating",
+                      file=sys.stderr, flush=True)
         # Engine children may outlive the API process by a moment: reap the group.
         try:
             os.killpg(pgid, signal.SIGKILL)
