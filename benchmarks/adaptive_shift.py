@@ -31,7 +31,7 @@ from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import Workload, builtin
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
-from loadwise.policy.goodput import goodput
+from loadwise.policy.goodput import choose, goodput
 from loadwise.policy.settle import settle_within
 from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
@@ -155,7 +155,7 @@ def add_settling(phases: list[dict[str, Any]], load: int, changes: list[dict[str
                                       for ch in changes if ch["elapsed_s"] >= a]
         ph["settle_band_s"] = settle_within(load, timeline, a, b, times, acc, profile.max_k,
                                             SETTLE_TOL)
-        best = max(goodput(load, k, times, acc) for k in range(profile.max_k + 1))
+        best = choose(load, times, acc, profile.max_k).goodput_tok_s
         ph["predicted_loss_at_shift"] = 1.0 - goodput(load, k_before, times, acc) / best
 
 

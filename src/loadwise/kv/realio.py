@@ -86,18 +86,15 @@ def fit_call_cost(calls: list[tuple[int, float]]) -> tuple[float, float] | None:
     (latency_s, bandwidth_bytes_s), or None without enough distinct calls. A negative latency
     (noise) is clamped to 0 and the bandwidth refitted through the origin."""
     calls = [(b, t) for b, t in calls if b > 0]
-    if len(calls) < 2 or len({b for b, _ in calls}) < 2:
-        if not calls:
-            return None
-        total_b, total_t = sum(b for b, _ in calls), sum(t for _, t in calls)
-        return (0.0, total_b / total_t) if total_t > 0 else None
+    total_b, total_t = sum(b for b, _ in calls), sum(t for _, t in calls)
+    through_origin = (0.0, total_b / total_t) if total_t > 0 else None
+    if len({b for b, _ in calls}) < 2:
+        return through_origin
     n = len(calls)
-    mb = sum(b for b, _ in calls) / n
-    mt = sum(t for _, t in calls) / n
+    mb, mt = total_b / n, total_t / n
     var = sum((b - mb) ** 2 for b, _ in calls)
     slope = sum((b - mb) * (t - mt) for b, t in calls) / var
     latency = mt - slope * mb
     if latency < 0 or slope <= 0:
-        total_b, total_t = sum(b for b, _ in calls), sum(t for _, t in calls)
-        return (0.0, total_b / total_t)
+        return through_origin
     return latency, 1.0 / slope

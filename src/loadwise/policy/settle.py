@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadwise.policy.goodput import Acceptance, StepTimes, goodput
+from loadwise.policy.goodput import Acceptance, StepTimes, choose, goodput
 
 
 def settle_within(load: int, k_timeline: list[tuple[float, int]], shift_s: float, end_s: float,
@@ -12,7 +12,7 @@ def settle_within(load: int, k_timeline: list[tuple[float, int]], shift_s: float
     k; None if never. ``k_timeline``: (time, k in force from then), the first at ``shift_s``.
     Why a band: a change worth less than the controller's hysteresis is one it must not chase,
     and the issue's target is a throughput band (3 %), not an exact k."""
-    best = max(goodput(load, k, times, acc) for k in range(max_k + 1))
+    best = choose(load, times, acc, max_k).goodput_tok_s
     settled: float | None = None
     for t, k in k_timeline:
         if t >= end_s:

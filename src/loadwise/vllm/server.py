@@ -121,7 +121,8 @@ class ServerProcess:
         if self.proc is None or self.proc.poll() is not None:
             return
         pgid = os.getpgid(self.proc.pid)
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        steps = ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
+        for i, (sig, wait_s) in enumerate(steps):
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
@@ -130,8 +131,9 @@ class ServerProcess:
                 self.proc.wait(timeout=wait_s)
                 break
             except subprocess.TimeoutExpired:
-                print(f"loadwise: vLLM still running {wait_s:.0f} s after {sig.name}; escalating",
-                      file=sys.stderr, flush=True)
+                if i + 1 < len(steps):
+                    print(f"loadwise: vLLM still running {wait_s:.0f} s after {sig.name}; "
+                          f"escalating to {steps[i + 1][0].name}", file=sys.stderr, flush=True)
         # Engine children may outlive the API process by a moment: reap the group.
         try:
             os.killpg(pgid, signal.SIGKILL)
