@@ -145,6 +145,16 @@ def _int_list(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
 
 
+def _nonneg_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from rich.progress import (
         BarColumn,
@@ -209,7 +219,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     made_by = provenance()
     profile = Profile.load(args.profile)
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
-                     warmup_s=args.warmup, max_tokens=args.max_tokens)
+                     warmup_s=args.warmup, max_tokens=args.max_tokens,
+                     retime_rounds=args.retime_rounds)
     names = args.workload or sorted(profile.acceptance)
     workloads = resolve_many(names)
     for w in workloads:
@@ -221,7 +232,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     engine = LocalEngine(spec)
     templated = [w.map(engine.chat_prompt) for w in workloads]
     n_cfg = profile.max_k + 3
-    total = len(workloads) * len(cfg.loads) * cfg.repeats * n_cfg
+    total = len(workloads) * len(cfg.loads) * (cfg.repeats * n_cfg + (1 if cfg.retime_rounds else 0))
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
@@ -252,6 +263,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                       f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same,
                       f"{m['prediction_rel_error']:+.1%}")
         console.print(t)
+    labels = {"predicted_tok_s": "profile (tune's T and acceptance)",
+              "predicted_observed_mix_tok_s": "profile, fed the batches/prefills that really ran",
+              "predicted_retimed_tok_s": "T re-timed before each load, tune's acceptance",
+              "predicted_retimed_window_acceptance_tok_s": "re-timed T, each window's acceptance"}
+    for key, summary in results["prediction"].items():
+        console.print(f"prediction error, {labels.get(key, key)}: median |error| "
+                      f"{summary['median_abs_rel_error']:.1%} ("
+                      + ", ".join(f"{w} {v:.1%}" for w, v in summary["per_workload"].items()) + ")")
     console.print(f"results: {json_path}  plot: {png_path}")
     return 0
 
@@ -351,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
     ev.add_argument("--warmup", type=float, default=2.0, help="seconds discarded per cell")
     ev.add_argument("--max-tokens", type=int, default=128)
+    ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
+                    help="rounds of T(c, k) re-timed before each load, to separate the model's "
+                    "prediction error from machine drift since the tune (0: off; default 2)")
     ev.add_argument("--out", default="benchmarks/results")
     ev.set_defaults(func=cmd_evaluate)
 

@@ -11,6 +11,7 @@ as in serving — and a table switch only needs a short warm-up.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -18,11 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.measure.profile import Profile
-from loadwise.measure.stats import summarize
-from loadwise.measure.workloads import Workload
-from loadwise.policy.goodput import closed_loop_throughput, goodput
+from loadwise.measure.records import StepRecord
+from loadwise.measure.stats import AcceptanceCounter, summarize
+from loadwise.measure.workloads import Workload, timing_prompts
+from loadwise.policy.goodput import (
+    Acceptance,
+    ModelError,
+    StepTimes,
+    closed_loop_throughput,
+    goodput,
+)
 from loadwise.policy.table import DraftLengthTable, lookup_vllm
-from loadwise.tune import TunableEngine
+from loadwise.tune import TunableEngine, TuneConfig, measure_step_times
 
 DOCS_TABLE = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
 
@@ -36,12 +44,18 @@ class EvalConfig:
     max_tokens: int = 128
     seed: int = 0
     settle_max_s: float = 90.0
+    # Rounds of T(c, 0..max_k) re-timed (tune's own timing path) just before each load level;
+    # 0 turns it off. It separates the model's error from this machine's drift between the tune
+    # and the evaluation: predictions are reported with the profile's T and with the re-timed T.
+    retime_rounds: int = 2
 
     def __post_init__(self) -> None:
         if not self.loads or min(self.loads) < 1:
             raise ValueError(f"loads must be >= 1, got {self.loads}")
         if self.repeats < 1 or self.duration_s <= 0:
             raise ValueError("repeats must be >= 1 and duration > 0")
+        if self.retime_rounds < 0:
+            raise ValueError(f"retime_rounds must be >= 0, got {self.retime_rounds}")
 
 
 def configurations(profile: Profile, workload: str) -> list[tuple[str, DraftLengthTable]]:
@@ -71,7 +85,15 @@ def run_evaluate(
         mixes: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
         occupancy: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs}
                                                          for c in cfg.loads}
+        drift: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs}
+                                                     for c in cfg.loads}
+        window_acc: dict[int, dict[str, list[Acceptance | None]]] = {
+            c: {n: [] for n, _ in configs} for c in cfg.loads}
+        retimed: dict[int, RetimedLoad] = {}
         for c in cfg.loads:
+            if cfg.retime_rounds:
+                retimed[c] = retime(engine, times, c, cfg)
+                advance(f"{w.name} c={c} re-timed T")
             loop = engine.open_loop(w.cycle(cfg.seed + 1000), concurrency=c,
                                     max_tokens=cfg.max_tokens)
             try:
@@ -90,6 +112,8 @@ def run_evaluate(
                         mixes[c][name].append(_mix_prediction(records, table, times, acc,
                                                               profile.prefill_s_per_token))
                         occupancy[c][name].append(_mean_decode_batch(records))
+                        drift[c][name].append(step_time_ratio(records, times))
+                        window_acc[c][name].append(window_acceptance(records, profile.max_k))
                         advance(f"{w.name} c={c} {name}")
             finally:
                 loop.close()
@@ -130,7 +154,26 @@ def run_evaluate(
                     "predicted_observed_mix_tok_s": summarize(mixes[c][name]).median,
                     "mean_decode_batch": summarize(occupancy[c][name]).median,
                     "prediction_rel_error": predicted / s.median - 1.0 if s.median else None,
+                    # Diagnostics: this window set's pure-decode step times over the profile's
+                    # T (machine drift since the tune) and the acceptance its drafts really had.
+                    "step_time_vs_profile": _median_or_none(drift[c][name]),
+                    "window_acceptance": _acc_json(window_acc[c][name]),
                 }
+                if c in retimed:
+                    rt = retimed[c]
+                    ppo = prompt_per_output
+                    entry["configs"][name].update(
+                        predicted_retimed_tok_s=closed_loop_throughput(
+                            c, k, rt.times, acc, rt.prefill_s_per_token(profile), ppo),
+                        # Re-timed T and each window's own acceptance (median over windows):
+                        # what is left is the model's structure, not its inputs.
+                        predicted_retimed_window_acceptance_tok_s=summarize([
+                            closed_loop_throughput(c, k, rt.times, a or acc,
+                                                   rt.prefill_s_per_token(profile), ppo)
+                            for a in window_acc[c][name]]).median,
+                    )
+            if c in retimed:
+                entry["retimed"] = retimed[c].to_json(times, c)
             per_load.append(entry)
         results[w.name] = {
             "measured_table": profile.table_for(w.name).to_vllm(),
@@ -141,6 +184,109 @@ def run_evaluate(
         }
     out = {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
     add_equivalence(out)
+    out["prediction"] = prediction_summary(out)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RetimedLoad:
+    """T(c, 0..max_k) measured again right before load level c, merged into the profile's grid.
+    ``speed_ratio`` = median over k of re-timed / profile T at c: how much faster (< 1) or
+    slower the machine runs now; the prefill price is scaled by it (prefill runs on the same
+    cores, and re-timing it too would need a prefill-heavy run)."""
+
+    times: StepTimes
+    samples_s: dict[int, list[float]]
+    speed_ratio: float
+
+    def prefill_s_per_token(self, profile: Profile) -> float:
+        return (profile.prefill_s_per_token or 0.0) * self.speed_ratio
+
+    def to_json(self, profile_times: StepTimes, c: int) -> dict[str, Any]:
+        return {"speed_ratio": self.speed_ratio,
+                "step_time_s": {str(k): summarize(v).median for k, v in self.samples_s.items()},
+                "profile_step_time_s": {
+                    str(k): profile_times.at(c, (self.times.drafts_per_req or {}).get((c, k), k))
+                    for k in self.samples_s}}
+
+
+def merge_retimed(times: StepTimes, c: int, samples_s: dict[int, list[float]],
+                  drafts_per_req: dict[int, float]) -> RetimedLoad:
+    """The profile's grid with batch size c replaced (or added) by fresh measurements."""
+    if set(samples_s) != set(range(times.max_k + 1)) or any(not v for v in samples_s.values()):
+        raise ModelError(f"re-timing at batch size {c} must cover k = 0..{times.max_k}")
+    step = {key: t for key, t in times.step_time_s.items() if key[0] != c}
+    drafts = {key: d for key, d in (times.drafts_per_req or {}).items() if key[0] != c}
+    ratios = []
+    for k, v in samples_s.items():
+        t = summarize(v).median
+        step[(c, k)] = t
+        drafts[(c, k)] = drafts_per_req.get(k, float(k))
+        ratios.append(t / times.at(c, drafts[(c, k)]))
+    return RetimedLoad(StepTimes(step, drafts), samples_s, summarize(ratios).median)
+
+
+def retime(engine: TunableEngine, times: StepTimes, c: int, cfg: EvalConfig) -> RetimedLoad:
+    tc = TuneConfig(batch_sizes=(c,), rounds=cfg.retime_rounds, seed=cfg.seed)
+    samples, drafts = measure_step_times(engine, tc, timing_prompts(seed=cfg.seed), lambda _: None)
+    return merge_retimed(times, c, {k: v for (_, k), v in samples.items()},
+                         {k: d for (_, k), d in drafts.items()})
+
+
+def step_time_ratio(records: Sequence[StepRecord], times: StepTimes) -> float:
+    """Median of (pure-decode step time / the profile's T for that batch and draft count):
+    1.0 when the machine runs as fast as during the tune. NaN when no pure decode step ran."""
+    ratios = []
+    for r in records:
+        if not r.is_pure_decode or r.batch_size < 1:
+            continue
+        drafts = min(r.num_draft_tokens / r.batch_size, times.max_k)
+        ratios.append(r.step_time_s / times.at(r.batch_size, drafts))
+    return summarize(ratios).median if ratios else float("nan")
+
+
+def window_acceptance(records: Sequence[StepRecord], max_k: int) -> Acceptance | None:
+    """The acceptance this window's drafts really had (vLLM's counters, tune's estimator);
+    None when nothing was drafted (k = 0, or a drafter that found no match)."""
+    counter = AcceptanceCounter(max_k)
+    counter.add_all(records)
+    try:
+        return counter.acceptance()
+    except (ValueError, ModelError):
+        return None
+
+
+def _median_or_none(xs: Sequence[float]) -> float | None:
+    finite = [x for x in xs if not math.isnan(x)]
+    return summarize(finite).median if finite else None
+
+
+def _acc_json(accs: Sequence[Acceptance | None]) -> list[dict[str, Any] | None]:
+    return [None if a is None else {"prefix_accept": list(a.prefix_accept),
+                                    "draft_rate": a.draft_rate} for a in accs]
+
+
+PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_retimed_tok_s",
+               "predicted_retimed_window_acceptance_tok_s")
+
+
+def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Median |predicted / measured - 1| over every configuration and load, for each kind of
+    prediction present: overall and per workload."""
+    out: dict[str, Any] = {}
+    for field_name in PREDICTIONS:
+        per: dict[str, float] = {}
+        every: list[float] = []
+        for wname, res in results["workloads"].items():
+            errs = [abs(c[field_name] / c["median_tok_s"] - 1.0)
+                    for e in res["loads"] for c in e["configs"].values()
+                    if c.get(field_name) is not None and c["median_tok_s"]]
+            if errs:
+                per[wname] = summarize(errs).median
+                every += errs
+        if every:
+            out[field_name] = {"median_abs_rel_error": summarize(every).median,
+                               "per_workload": per, "n": len(every)}
     return out
 
 

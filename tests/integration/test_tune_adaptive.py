@@ -49,6 +49,31 @@ def test_tiny_tune_gives_a_table_vllm_accepts_and_applies(engine, tiny_profile: 
         assert r.k_next == table.lookup(r.batch_size)
 
 
+def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
+        engine, tiny_profile: Path) -> None:
+    from loadwise.evaluate import EvalConfig, run_evaluate
+
+    profile = Profile.load(tiny_profile)
+    cfg = EvalConfig(loads=(2,), repeats=1, warmup_s=0.5, duration_s=2.0, max_tokens=24,
+                     retime_rounds=1, settle_max_s=60)
+    w = builtin("repetitive").map(engine.chat_prompt)
+    out = run_evaluate(engine, profile, [w], cfg, lambda _: None)
+    entry = out["workloads"]["repetitive"]["loads"][0]
+    assert set(entry["configs"]) == {f"k={k}" for k in range(MAX_K + 1)} | {
+        "docs table", "measured table"}
+    for name, c in entry["configs"].items():
+        assert c["median_tok_s"] > 0, name
+        assert c["predicted_retimed_tok_s"] > 0 and c["step_time_vs_profile"] > 0
+        # Prompt lookup drafts on the repetitive workload whenever k > 0, never at k = 0.
+        assert (c["window_acceptance"][0] is None) == (c["k_at_load"] == 0), name
+    # Re-timing measured T(2, k) for every k on the same engine, just before the load.
+    assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
+    assert 0.2 < entry["retimed"]["speed_ratio"] < 5
+    assert set(out["prediction"]) == {"predicted_tok_s", "predicted_observed_mix_tok_s",
+                                      "predicted_retimed_tok_s",
+                                      "predicted_retimed_window_acceptance_tok_s"}
+
+
 def _serve_adaptive(tmp_path: Path, profile: Path, extra_env: dict[str, str]):
     return _start_serve(tmp_path, "--adaptive", "--profile", str(profile),
                         "--state-file", str(tmp_path / "state.json"),

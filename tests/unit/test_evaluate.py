@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from loadwise.evaluate import _mean_decode_batch, _mix_prediction
+from loadwise.evaluate import (
+    _mean_decode_batch,
+    _mix_prediction,
+    merge_retimed,
+    prediction_summary,
+    step_time_ratio,
+    window_acceptance,
+)
 from loadwise.measure.records import StepRecord
-from loadwise.policy.goodput import Acceptance, StepTimes, goodput
+from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, goodput
 from loadwise.policy.table import DraftLengthTable
 
 TIMES = StepTimes({(b, k): 0.05 + 0.002 * b * (1 + k) for b in (1, 4, 8) for k in range(3)})
@@ -29,3 +38,55 @@ def test_mix_prediction_prices_prefill_and_uses_the_k_of_each_batch() -> None:
     secs = (TIMES.at(4, ACC.expected_drafts(2)) + TIMES.at(7, 0.0) + 0.001 * 300
             + TIMES.at(1, 0.0) + 0.001 * 500)
     assert _mix_prediction(steps, table, TIMES, ACC, 0.001) == pytest.approx(tokens / secs)
+
+
+def spec_rec(b: int, step_s: float, drafts_per_req: int, accepted: tuple[int, ...],
+             k_next: int = 2) -> StepRecord:
+    return StepRecord(0.0, step_s, b, b, 0, b * drafts_per_req, b if drafts_per_req else 0,
+                      k_next, accepted, tuple([b] * drafts_per_req + [0] * (2 - drafts_per_req)))
+
+
+def test_merge_retimed_replaces_only_the_load_and_reports_the_speed_ratio() -> None:
+    fresh = {k: [0.5 * TIMES.at(4, k)] * 3 for k in range(3)}  # machine now twice as fast
+    rt = merge_retimed(TIMES, 4, fresh, {k: float(k) for k in range(3)})
+    assert rt.speed_ratio == pytest.approx(0.5)
+    for k in range(3):
+        assert rt.times.at(4, k) == pytest.approx(0.5 * TIMES.at(4, k))
+        assert rt.times.at(8, k) == pytest.approx(TIMES.at(8, k))  # other loads untouched
+    # A load outside the grid is added to it.
+    added = merge_retimed(TIMES, 6, {k: [0.2] for k in range(3)}, {})
+    assert added.times.batch_sizes == (1, 4, 6, 8) and added.times.at(6, 1) == pytest.approx(0.2)
+    with pytest.raises(ModelError, match="k = 0..2"):
+        merge_retimed(TIMES, 4, {0: [0.1], 1: [0.1]}, {})
+
+
+def test_step_time_ratio_ignores_mixed_steps() -> None:
+    recs = [spec_rec(4, 2 * TIMES.at(4, 2), 2, (4, 4)), rec(4, 3, 50),
+            spec_rec(4, 2 * TIMES.at(4, 2), 2, (4, 0))]
+    assert step_time_ratio(recs, TIMES) == pytest.approx(2.0)
+    assert math.isnan(step_time_ratio([rec(4, 3, 50)], TIMES))
+
+
+def test_window_acceptance_is_the_tune_estimator_and_none_without_drafts() -> None:
+    recs = [spec_rec(4, 0.1, 2, (3, 1)), spec_rec(4, 0.1, 2, (1, 1))]
+    acc = window_acceptance(recs, 2)
+    assert acc is not None
+    assert acc.prefix_accept == pytest.approx((0.5, 0.25))
+    assert acc.draft_rate == 1.0
+    assert window_acceptance([spec_rec(4, 0.1, 0, (0, 0), k_next=0)], 2) is None
+
+
+def test_prediction_summary_is_median_abs_error_per_kind() -> None:
+    def cfg(meas: float, pred: float, retimed: float | None = None) -> dict[str, float | None]:
+        return {"median_tok_s": meas, "predicted_tok_s": pred, "predicted_retimed_tok_s": retimed}
+
+    results = {"workloads": {
+        "a": {"loads": [{"configs": {"x": cfg(100, 110, 101), "y": cfg(100, 80, 99)}}]},
+        "b": {"loads": [{"configs": {"x": cfg(50, 55)}}]},
+    }}
+    s = prediction_summary(results)
+    assert s["predicted_tok_s"]["median_abs_rel_error"] == pytest.approx(0.1)
+    assert s["predicted_tok_s"]["per_workload"] == {"a": pytest.approx(0.15), "b": pytest.approx(0.1)}
+    assert s["predicted_retimed_tok_s"]["n"] == 2
+    assert s["predicted_retimed_tok_s"]["median_abs_rel_error"] == pytest.approx(0.01)
+    assert "predicted_observed_mix_tok_s" not in s
