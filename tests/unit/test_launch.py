@@ -15,9 +15,11 @@ import pytest
 PROBE = textwrap.dedent("""
     import signal, sys, time
     print("main" if __name__ == "__main__" else __name__, sys.argv[1:], flush=True)
-    print("sigint", "default" if signal.getsignal(signal.SIGINT) is signal.default_int_handler
-          else signal.getsignal(signal.SIGINT), flush=True)
+    # Inside the try: the test sends SIGINT as soon as it reads this line, which can be
+    # before print() has returned.
     try:
+        print("sigint", "default" if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+              else signal.getsignal(signal.SIGINT), flush=True)
         time.sleep(float(sys.argv[1]))
     except KeyboardInterrupt:
         print("interrupted", flush=True)

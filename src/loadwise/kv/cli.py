@@ -69,7 +69,9 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
                   f"{m.session_read_bw_bytes_s / 1e6:.0f} MB/s ({m.session_vs_sequential:.0%} of one "
                   f"large file read, {m.sequential_file_read_bw_bytes_s / 1e6:.0f} MB/s), random "
                   f"block read {m.random_block_read_s * 1e3:.2f} ms, durable single-block "
-                  f"write {m.single_block_write_s * 1e3:.2f} ms")
+                  f"write {m.single_block_write_s * 1e3:.2f} ms; reads "
+                  + ("O_DIRECT (page cache bypassed)" if m.direct_io else
+                     "buffered, page cache dropped (no O_DIRECT here)"))
     model = m.model()
     return model, {"source": "measured", **m.to_json(), "model": asdict(model)}
 
@@ -172,7 +174,7 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
                "bytes_written": st.bytes_written["ssd"], "bytes_read": st.bytes_read["ssd"],
                "model_write_s": st.model_write_s, "measured_write_s": st.measured_write_s,
                "model_read_s": st.model_read_s, "measured_read_s": st.measured_read_s,
-               "missing_reads": io.missing_reads,
+               "missing_reads": io.missing_reads, "direct_reads": io.ssd.direct_reads,
                "paced": pacer is not None,
                "max_lag_s": pacer.max_lag_s if pacer else None,
                "slept_s": pacer.slept_s if pacer else None}

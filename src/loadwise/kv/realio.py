@@ -1,5 +1,6 @@
 """The validation slice: the replay's SSD operations performed for real on an :class:`SSDMedium`
-(durable writes, coalesced reads with the page cache dropped first), paced to the trace's
+(durable writes, coalesced reads with O_DIRECT where the file system allows it, else with the
+page cache dropped first), paced to the trace's
 arrival times, timed, so the modelled device time can be compared with the measured one."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadwise.kv.ssd import SSDMedium
+from loadwise.kv.ssd import SSDMedium, o_direct_supported
 from loadwise.kv.trace import TraceRequest
 
 # The SSD medium packs sessions as unsigned 64-bit ints; the tiered offload log is session -1.
@@ -20,8 +21,10 @@ class RealSSDIO:
     def __init__(self, root: str | Path, block_bytes: int, capacity_bytes: int,
                  extent_blocks: int) -> None:
         self.block_bytes = block_bytes
+        Path(root).mkdir(parents=True, exist_ok=True)
         self.ssd = SSDMedium(root, capacity_bytes=capacity_bytes,
-                             extent_bytes=block_bytes * extent_blocks)
+                             extent_bytes=block_bytes * extent_blocks,
+                             direct_reads=o_direct_supported(root))
         self._payload = os.urandom(block_bytes)
         self.missing_reads = 0  # blocks the simulation had on SSD but the real store did not
         # Per call: (bytes, seconds) — what a device model is fitted to.
