@@ -172,6 +172,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
                      steps_per_point=args.steps, acceptance_seconds=args.acceptance_seconds,
                      acceptance_concurrency=args.acceptance_concurrency,
+                     max_spread=args.max_spread, extra_rounds=args.extra_rounds,
                      workloads=tuple(args.workload or ("repetitive", "sharegpt")))
     workloads = resolve_many(cfg.workloads)
     args.max_num_seqs = max(args.max_num_seqs, max(cfg.batch_sizes))
@@ -354,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="batch sizes to time (default 1,2,4,8,16,32)")
     tune.add_argument("--rounds", type=int, default=3, help="passes over every k (default 3)")
     tune.add_argument("--steps", type=int, default=6, help="timed steps per (b, k) per round")
+    tune.add_argument("--max-spread", type=float, default=0.25,
+                      help="re-time a (b, k) whose samples spread more than this (IQR/median; "
+                      "default 0.25)")
+    tune.add_argument("--extra-rounds", type=_nonneg_int, default=2,
+                      help="most extra rounds for noisy points (default 2; 0: off)")
     tune.add_argument("--acceptance-seconds", type=float, default=40.0)
     tune.add_argument("--acceptance-concurrency", type=int, default=8)
     tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")

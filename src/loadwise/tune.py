@@ -52,6 +52,10 @@ class TuneConfig:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     rounds: int = 3  # each round visits every k once, in a rotated order (drift spreads evenly)
     steps_per_point: int = 6  # timed steps per (b, k) per round
+    # A point whose samples spread more than this (IQR / median) is re-timed, up to
+    # extra_rounds more rounds: a burst of noise should not pick a table entry.
+    max_spread: float = 0.25
+    extra_rounds: int = 2
     acceptance_concurrency: int = 8
     acceptance_seconds: float = 40.0
     acceptance_max_tokens: int = 128
@@ -65,6 +69,8 @@ class TuneConfig:
             raise TuneError(f"batch sizes must be increasing without repeats: {self.batch_sizes}")
         if self.rounds < 1 or self.steps_per_point < 1:
             raise TuneError("rounds and steps per point must be >= 1")
+        if self.max_spread <= 0 or self.extra_rounds < 0:
+            raise TuneError("max_spread must be > 0 and extra_rounds >= 0")
         if self.acceptance_concurrency < 1 or self.acceptance_seconds <= 0:
             raise TuneError("acceptance concurrency and seconds must be positive")
 
@@ -99,42 +105,76 @@ def _start_batch(engine: TunableEngine, b: int, prompts: Iterator[str], max_toke
     raise TuneError(f"batch of {b} never reached a pure decode step")
 
 
+def noisy_points(samples: dict[tuple[int, int], list[float]],
+                 max_spread: float) -> list[tuple[int, int]]:
+    """(b, k) whose samples spread (IQR / median) more than ``max_spread``: a burst of noise on
+    this shared machine landed in them, and their median may not be the step's time."""
+    return [key for key, v in sorted(samples.items()) if summarize(v).rel_spread > max_spread]
+
+
 def measure_step_times(
-    engine: TunableEngine, cfg: TuneConfig, timing_prompts: Workload, advance: Advance
+    engine: TunableEngine, cfg: TuneConfig, timing_prompts: Workload, advance: Advance,
+    retimed: list[tuple[int, int]] | None = None,
 ) -> tuple[dict[tuple[int, int], list[float]], dict[tuple[int, int], float]]:
-    """T(b, k) samples: b requests decoding together, each verifying k drafts per step."""
+    """T(b, k) samples: b requests decoding together, each verifying k drafts per step.
+
+    After the planned rounds, points whose spread exceeds ``cfg.max_spread`` get up to
+    ``cfg.extra_rounds`` more rounds (only those k, at that b), so one noisy burst does not
+    decide a table entry; the median is taken over all samples of the point. Each re-timed point
+    is appended to ``retimed`` (once per extra round)."""
     spec = engine.spec
-    max_k, top_b = spec.max_k, spec.max_num_seqs
+    max_k = spec.max_k
     samples: dict[tuple[int, int], list[float]] = defaultdict(list)
     drafts: dict[tuple[int, int], list[float]] = defaultdict(list)
-    # Each round starts fresh requests, so the context stays close to a chat turn's (a prompt
-    # plus a few hundred tokens): attention cost grows with context, and a context much longer
-    # than the served workload's would overstate T at large batches.
-    budget_tokens = (max_k + 1) * (cfg.steps_per_point + 1) * (max_k + 1) + 16
     prompts = timing_prompts.cycle(cfg.seed)
     for b in cfg.batch_sizes:
         # Round -1 is warm-up: the first steps at a new token count are slow on vLLM-CPU
         # (compilation and allocator warm-up) and would pollute the medians.
         for r in range(-1, cfg.rounds):
-            _start_batch(engine, b, prompts, budget_tokens, max_k, top_b)
-            for k in _k_order(max_k, r):
-                engine.set_table(DraftLengthTable.fixed(k, max_k, top_b))
-                # The first step after a switch still verifies drafts made under the old k.
-                _step_records(engine, 1)
-                timed = _step_records(engine, 2 if r < 0 else cfg.steps_per_point)
-                if r < 0:
-                    continue
-                for rec in timed:
-                    if rec.is_pure_decode and rec.batch_size == b:
-                        samples[(b, k)].append(rec.step_time_s)
-                        drafts[(b, k)].append(rec.num_draft_tokens / b)
-                advance(f"timing b={b} k={k}")
-            engine.abort_all()
+            _time_round(engine, cfg, b, _k_order(max_k, r), prompts, samples, drafts,
+                        warmup=r < 0, advance=advance)
+    for extra in range(cfg.extra_rounds):
+        noisy = noisy_points(samples, cfg.max_spread)
+        if not noisy:
+            break
+        if retimed is not None:
+            retimed += noisy
+        for b in sorted({b for b, _ in noisy}):
+            ks = [k for bb, k in noisy if bb == b]
+            _time_round(engine, cfg, b, ks if extra % 2 == 0 else ks[::-1], prompts, samples,
+                        drafts, warmup=False, advance=lambda _: None)
     missing = [(b, k) for b in cfg.batch_sizes for k in range(max_k + 1) if not samples[(b, k)]]
     if missing:
         raise TuneError(f"no clean decode steps measured for (batch size, k) {missing}")
     mean_drafts = {key: sum(v) / len(v) for key, v in drafts.items()}
     return dict(samples), mean_drafts
+
+
+def _time_round(engine: TunableEngine, cfg: TuneConfig, b: int, ks: Sequence[int],
+                prompts: Iterator[str], samples: dict[tuple[int, int], list[float]],
+                drafts: dict[tuple[int, int], list[float]], warmup: bool,
+                advance: Advance) -> None:
+    """One round at batch size b: fresh requests, then a few timed steps at each k in ``ks``."""
+    spec = engine.spec
+    max_k, top_b = spec.max_k, spec.max_num_seqs
+    # Each round starts fresh requests, so the context stays close to a chat turn's (a prompt
+    # plus a few hundred tokens): attention cost grows with context, and a context much longer
+    # than the served workload's would overstate T at large batches.
+    budget_tokens = (max_k + 1) * (cfg.steps_per_point + 1) * (max_k + 1) + 16
+    _start_batch(engine, b, prompts, budget_tokens, max_k, top_b)
+    for k in ks:
+        engine.set_table(DraftLengthTable.fixed(k, max_k, top_b))
+        # The first step after a switch still verifies drafts made under the old k.
+        _step_records(engine, 1)
+        timed = _step_records(engine, 2 if warmup else cfg.steps_per_point)
+        if warmup:
+            continue
+        for rec in timed:
+            if rec.is_pure_decode and rec.batch_size == b:
+                samples[(b, k)].append(rec.step_time_s)
+                drafts[(b, k)].append(rec.num_draft_tokens / b)
+        advance(f"timing b={b} k={k}")
+    engine.abort_all()
 
 
 def measure_acceptance(
@@ -177,7 +217,8 @@ def run_tune(
     t0 = time.perf_counter()
     # Timing uses prompts that repeat a block, so the drafter proposes (nearly) full k drafts.
     timing = timing_prompts(seed=cfg.seed)
-    samples, drafts = measure_step_times(engine, cfg, timing, advance)
+    retimed: list[tuple[int, int]] = []
+    samples, drafts = measure_step_times(engine, cfg, timing, advance, retimed)
     timing_s = time.perf_counter() - t0
     acceptance: dict[str, AcceptanceCounter] = {}
     served: list[StepRecord] = []
@@ -200,7 +241,12 @@ def run_tune(
                        "steps_per_point": cfg.steps_per_point,
                        "acceptance_concurrency": cfg.acceptance_concurrency,
                        "acceptance_seconds": cfg.acceptance_seconds,
-                       "acceptance_max_tokens": cfg.acceptance_max_tokens},
+                       "acceptance_max_tokens": cfg.acceptance_max_tokens,
+                       "max_spread": cfg.max_spread, "extra_rounds": cfg.extra_rounds},
+            # Points re-timed for a spread above max_spread (once per extra round), and those
+            # still above it after the extra rounds.
+            "retimed_points": [list(key) for key in retimed],
+            "still_noisy_points": [list(key) for key in noisy_points(samples, cfg.max_spread)],
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "python": platform.python_version()},
         },
