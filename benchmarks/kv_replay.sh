@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Flat vs tiered KV placement on a Mooncake-format trace at rising load, at three capacity
 # points (memory / SSD as fractions of the trace's unique-block footprint). The first run
-# measures the real store here (write, session reads, one large sequential file read, page cache
-# dropped) and validates the device model on a real-I/O slice; the others reuse its device model.
+# measures the real store here (write, session reads, one large sequential file read; reads with
+# O_DIRECT where the file system allows it, else with the page cache dropped) and validates the device model on a real-I/O slice; the others reuse its device model.
 # Usage: bash benchmarks/kv_replay.sh [TRACE]   (default: ../shared/data/traces/…conversation…)
 set -euo pipefail
 cd "$(dirname "$0")/.."
