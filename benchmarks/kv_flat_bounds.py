@@ -22,11 +22,19 @@ import bisect
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadwise.kv.placement import BlockInfo, FlatPolicy, Medium, PlacementPolicy, TieredPolicy
+from loadwise.kv.placement import (
+    BlockInfo,
+    FlatPolicy,
+    Medium,
+    PlacementPolicy,
+    TieredPolicy,
+    shares_prefix,
+)
 from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest, read_trace
 from loadwise.provenance import provenance
@@ -87,8 +95,7 @@ class SessionHintFlat(PlacementPolicy):
         self.hint = truth if self.rng.random() < self.accuracy else not truth
 
     def home(self, info: BlockInfo) -> Medium | None:
-        shared = info.block_index < 1 or info.seen_prefix_refs >= 2
-        if not self.hint and not shared:
+        if not self.hint and not shares_prefix(info):
             return None
         return self.base.home(info)
 
@@ -124,28 +131,24 @@ def flat_sweep() -> list[FlatPolicy]:
 def run_point(requests: list[TraceRequest], store: StoreConfig, device: DeviceModel,
               speedups: list[float], residence_s: float,
               refs: dict[int, list[float]]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    fixed: list[PlacementPolicy] = [TieredPolicy(), FlatPolicy(), MemoryOnly(), *flat_sweep()]
-    for p in fixed:
-        out[p.name] = [Replayer(p, store, device, sp).run(requests).read_back_ratio
-                       for sp in speedups]
-    for m in (0.25, 0.5, 1.0, 2.0, 4.0):
+    def curve(make: Callable[[], PlacementPolicy]) -> tuple[str, list[float]]:
+        """Read-back ratio at every load; a fresh policy per load (the stateful ones track the
+        replay through their ``before`` hook)."""
         ratios = []
         for sp in speedups:
-            oracle = ClairvoyantFlat(refs, residence_s, m)
-            ratios.append(Replayer(oracle, store, device, sp).run(
-                requests, before=oracle.before).read_back_ratio)
-        out[f"clairvoyant-flat(m={m:g})"] = ratios
+            policy = make()
+            ratios.append(Replayer(policy, store, device, sp).run(
+                requests, before=getattr(policy, "before", None)).read_back_ratio)
+        return policy.name, ratios
+
     continues = continuing_turns(requests)
-    for base in (FlatPolicy(), MemoryOnly()):
-        for acc in (1.0, 0.9, 0.8, 0.7):
-            ratios = []
-            for sp in speedups:
-                hinted = SessionHintFlat(continues, acc, base)
-                ratios.append(Replayer(hinted, store, device, sp).run(
-                    requests, before=hinted.before).read_back_ratio)
-            out[hinted.name] = ratios
-    return out
+    makers: list[Callable[[], PlacementPolicy]] = [
+        TieredPolicy, FlatPolicy, MemoryOnly, *(lambda p=p: p for p in flat_sweep()),
+        *(lambda m=m: ClairvoyantFlat(refs, residence_s, m) for m in (0.25, 0.5, 1.0, 2.0, 4.0)),
+        *(lambda base=base, acc=acc: SessionHintFlat(continues, acc, base)
+          for base in (FlatPolicy(), MemoryOnly()) for acc in (1.0, 0.9, 0.8, 0.7)),
+    ]
+    return dict(curve(make) for make in makers)
 
 
 def main() -> None:

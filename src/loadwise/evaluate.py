@@ -20,7 +20,7 @@ from typing import Any
 
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
-from loadwise.measure.stats import AcceptanceCounter, summarize
+from loadwise.measure.stats import AcceptanceCounter, decode_part_s, summarize
 from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.goodput import (
     Acceptance,
@@ -81,14 +81,13 @@ def run_evaluate(
         configs = configurations(profile, w.name)
         acc = profile.acceptance_for(w.name)
         prompt_per_output = profile.acceptance[w.name].prompt_per_output
-        samples: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
-        mixes: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs} for c in cfg.loads}
-        occupancy: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs}
-                                                         for c in cfg.loads}
-        drift: dict[int, dict[str, list[float]]] = {c: {n: [] for n, _ in configs}
-                                                     for c in cfg.loads}
-        window_acc: dict[int, dict[str, list[Acceptance | None]]] = {
-            c: {n: [] for n, _ in configs} for c in cfg.loads}
+        # Per load, per configuration: one entry per measured window.
+        names = [n for n, _ in configs]
+        samples: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
+        mixes: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
+        occupancy: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
+        drift: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
+        window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
         for c in cfg.loads:
             if cfg.retime_rounds:
@@ -161,15 +160,15 @@ def run_evaluate(
                 }
                 if c in retimed:
                     rt = retimed[c]
-                    ppo = prompt_per_output
+                    prefill_s = rt.prefill_s_per_token(profile)
                     entry["configs"][name].update(
                         predicted_retimed_tok_s=closed_loop_throughput(
-                            c, k, rt.times, acc, rt.prefill_s_per_token(profile), ppo),
+                            c, k, rt.times, acc, prefill_s, prompt_per_output),
                         # Re-timed T and each window's own acceptance (median over windows):
                         # what is left is the model's structure, not its inputs.
                         predicted_retimed_window_acceptance_tok_s=summarize([
-                            closed_loop_throughput(c, k, rt.times, a or acc,
-                                                   rt.prefill_s_per_token(profile), ppo)
+                            closed_loop_throughput(c, k, rt.times, a or acc, prefill_s,
+                                                   prompt_per_output)
                             for a in window_acc[c][name]]).median,
                     )
             if c in retimed:
@@ -186,6 +185,10 @@ def run_evaluate(
     add_equivalence(out)
     out["prediction"] = prediction_summary(out)
     return out
+
+
+def _per_window(loads: Sequence[int], names: Sequence[str]) -> dict[int, dict[str, list[Any]]]:
+    return {c: {n: [] for n in names} for c in loads}
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +239,8 @@ def retime(engine: TunableEngine, times: StepTimes, c: int, cfg: EvalConfig) -> 
 def step_time_ratio(records: Sequence[StepRecord], times: StepTimes) -> float:
     """Median of (pure-decode step time / the profile's T for that batch and draft count):
     1.0 when the machine runs as fast as during the tune. NaN when no pure decode step ran."""
-    ratios = []
-    for r in records:
-        if not r.is_pure_decode or r.batch_size < 1:
-            continue
-        drafts = min(r.num_draft_tokens / r.batch_size, times.max_k)
-        ratios.append(r.step_time_s / times.at(r.batch_size, drafts))
+    ratios = [r.step_time_s / decode_part_s(r, times) for r in records
+              if r.is_pure_decode and r.batch_size >= 1]
     return summarize(ratios).median if ratios else float("nan")
 
 
@@ -252,7 +251,7 @@ def window_acceptance(records: Sequence[StepRecord], max_k: int) -> Acceptance |
     counter.add_all(records)
     try:
         return counter.acceptance()
-    except (ValueError, ModelError):
+    except ValueError:  # no drafts counted (ModelError is a ValueError too)
         return None
 
 

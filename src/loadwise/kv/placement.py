@@ -43,6 +43,12 @@ class BlockInfo:
     write_pressure: float = 0.0
 
 
+def shares_prefix(info: BlockInfo, shared_prefix_blocks: int = 1) -> bool:
+    """A block other requests are likely to read too: among the leading blocks of a prompt
+    (where system prompts sit), or one whose parent prefix other requests already used."""
+    return info.block_index < shared_prefix_blocks or info.seen_prefix_refs >= 2
+
+
 class PlacementPolicy(ABC):
     name: str
 
@@ -76,7 +82,7 @@ class FlatPolicy(PlacementPolicy):
     pressure_threshold: float = 0.5
 
     def home(self, info: BlockInfo) -> Medium | None:
-        if info.block_index < self.shared_prefix_blocks or info.seen_prefix_refs >= 2:
+        if shares_prefix(info, self.shared_prefix_blocks):
             return Medium.MEMORY
         if info.prompt_blocks <= self.short_session_blocks:
             return Medium.MEMORY

@@ -299,11 +299,14 @@ class SSDMedium:
             return StoreError(f"disk full under {self.root}: free space or lower the SSD capacity")
         return StoreError(f"I/O error under {self.root}: {exc.strerror}")
 
-    def _fd(self, extent_id: int) -> int:
-        fd = self._fds.get(extent_id)
+    def _fd(self, extent_id: int, direct: bool = False) -> int:
+        """The extent's cached descriptor: read-write, or read-only O_DIRECT (``direct``)."""
+        fds = self._direct_fds if direct else self._fds
+        fd = fds.get(extent_id)
         if fd is None:
-            fd = os.open(self.root / "extents" / f"{extent_id}.ext", os.O_RDWR)
-            self._fds[extent_id] = fd
+            flags = os.O_RDONLY | os.O_DIRECT if direct else os.O_RDWR
+            fd = os.open(self.root / "extents" / f"{extent_id}.ext", flags)
+            fds[extent_id] = fd
         return fd
 
     # --- reads --------------------------------------------------------------------------
@@ -357,10 +360,7 @@ class SSDMedium:
     def _pread_direct(self, extent_id: int, length: int, offset: int) -> memoryview:
         """pread through an O_DIRECT descriptor: the aligned span around [offset, offset+length)
         into a page-aligned buffer (mmap), returned as a view of the bytes asked for."""
-        fd = self._direct_fds.get(extent_id)
-        if fd is None:
-            fd = os.open(self.root / "extents" / f"{extent_id}.ext", os.O_RDONLY | os.O_DIRECT)
-            self._direct_fds[extent_id] = fd
+        fd = self._fd(extent_id, direct=True)
         start = offset - offset % DIRECT_ALIGN
         end = -(-(offset + length) // DIRECT_ALIGN) * DIRECT_ALIGN
         buf = mmap.mmap(-1, end - start)

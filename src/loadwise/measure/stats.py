@@ -105,6 +105,13 @@ class AcceptanceCounter:
         )
 
 
+def decode_part_s(record: StepRecord, times: StepTimes) -> float:
+    """T of a step's decoding part: its decoding requests, each verifying the drafts they really
+    verified (a pure prefill step still pays the fixed cost of a step of one)."""
+    decode = max(record.num_decode_reqs, 1)
+    return times.at(decode, min(record.num_draft_tokens / decode, times.max_k))
+
+
 def prefill_s_per_token(records: Iterable[StepRecord], times: StepTimes) -> float | None:
     """Extra step time per prefilled prompt token: steps that mix prefill into decoding cost
     T(b, drafts) plus this much per prompt token (least squares through the origin)."""
@@ -113,9 +120,6 @@ def prefill_s_per_token(records: Iterable[StepRecord], times: StepTimes) -> floa
     for r in records:
         if r.num_prefill_tokens <= 0:
             continue
-        # The decoding part of the step (a pure prefill step still pays a step's fixed cost).
-        drafts = min(r.num_draft_tokens / max(r.num_decode_reqs, 1), times.max_k)
-        base = times.at(max(r.num_decode_reqs, 1), drafts)
-        num += (r.step_time_s - base) * r.num_prefill_tokens
+        num += (r.step_time_s - decode_part_s(r, times)) * r.num_prefill_tokens
         den += r.num_prefill_tokens**2
     return max(num / den, 0.0) if den else None
