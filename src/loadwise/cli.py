@@ -267,7 +267,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     labels = {"predicted_tok_s": "profile (tune's T and acceptance)",
               "predicted_observed_mix_tok_s": "profile, fed the batches/prefills that really ran",
               "predicted_retimed_tok_s": "T re-timed before each load, tune's acceptance",
-              "predicted_retimed_window_acceptance_tok_s": "re-timed T, each window's acceptance"}
+              "predicted_retimed_window_acceptance_tok_s": "re-timed T, each window's acceptance",
+              "predicted_retimed_window_inputs_tok_s":
+                  "re-timed T, each window's acceptance, prefill price and prompt/output"}
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {labels.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

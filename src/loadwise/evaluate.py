@@ -20,7 +20,12 @@ from typing import Any
 
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
-from loadwise.measure.stats import AcceptanceCounter, decode_part_s, summarize
+from loadwise.measure.stats import (
+    AcceptanceCounter,
+    decode_part_s,
+    prefill_s_per_token,
+    summarize,
+)
 from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.goodput import (
     Acceptance,
@@ -87,6 +92,9 @@ def run_evaluate(
         mixes: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
         occupancy: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
         drift: dict[int, dict[str, list[float]]] = _per_window(cfg.loads, names)
+        # Per window: (prefill price fitted on its mixed steps, its prompt/output token ratio).
+        window_prefill: dict[int, dict[str, list[tuple[float | None, float | None]]]] = (
+            _per_window(cfg.loads, names))
         window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
         for c in cfg.loads:
@@ -113,6 +121,8 @@ def run_evaluate(
                         occupancy[c][name].append(_mean_decode_batch(records))
                         drift[c][name].append(step_time_ratio(records, times))
                         window_acc[c][name].append(window_acceptance(records, profile.max_k))
+                        window_prefill[c][name].append(window_prefill_price(
+                            records, retimed[c].times if c in retimed else times, tokens))
                         advance(f"{w.name} c={c} {name}")
             finally:
                 loop.close()
@@ -170,6 +180,18 @@ def run_evaluate(
                             closed_loop_throughput(c, k, rt.times, a or acc, prefill_s,
                                                    prompt_per_output)
                             for a in window_acc[c][name]]).median,
+                        # ...and also each window's own prefill price and prompt/output ratio
+                        # (fitted on its mixed steps): every input of the model taken from the
+                        # window itself, so the remaining error is the model's form alone.
+                        predicted_retimed_window_inputs_tok_s=_median_or_none([
+                            closed_loop_throughput(c, k, rt.times, a or acc,
+                                                   prefill_s if p is None else p,
+                                                   prompt_per_output if r is None else r)
+                            for a, (p, r) in zip(window_acc[c][name], window_prefill[c][name])]),
+                        window_prefill_s_per_token=_median_or_none(
+                            [p for p, _ in window_prefill[c][name] if p is not None]),
+                        window_prompt_per_output=_median_or_none(
+                            [r for _, r in window_prefill[c][name] if r is not None]),
                     )
             if c in retimed:
                 entry["retimed"] = retimed[c].to_json(times, c)
@@ -255,6 +277,16 @@ def window_acceptance(records: Sequence[StepRecord], max_k: int) -> Acceptance |
         return None
 
 
+def window_prefill_price(records: Sequence[StepRecord], times: StepTimes,
+                         output_tokens: int) -> tuple[float | None, float | None]:
+    """The window's own prefill price (seconds per prompt token in its mixed steps, fitted
+    against ``times`` as the tune fits it) and its prompt tokens per output token; None where
+    the window had no prefill or no output."""
+    prompt = sum(r.num_prefill_tokens for r in records)
+    ratio = prompt / output_tokens if output_tokens > 0 else None
+    return prefill_s_per_token(records, times), ratio
+
+
 def _median_or_none(xs: Sequence[float]) -> float | None:
     finite = [x for x in xs if not math.isnan(x)]
     return summarize(finite).median if finite else None
@@ -266,7 +298,7 @@ def _acc_json(accs: Sequence[Acceptance | None]) -> list[dict[str, Any] | None]:
 
 
 PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_retimed_tok_s",
-               "predicted_retimed_window_acceptance_tok_s")
+               "predicted_retimed_window_acceptance_tok_s", "predicted_retimed_window_inputs_tok_s")
 
 
 def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,10 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5
     assert set(out["prediction"]) == {"predicted_tok_s", "predicted_observed_mix_tok_s",
                                       "predicted_retimed_tok_s",
-                                      "predicted_retimed_window_acceptance_tok_s"}
+                                      "predicted_retimed_window_acceptance_tok_s",
+                                      "predicted_retimed_window_inputs_tok_s"}
+    # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
+    assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
 
 
 def _serve_adaptive(tmp_path: Path, profile: Path, extra_env: dict[str, str]):

@@ -11,6 +11,7 @@ from loadwise.evaluate import (
     prediction_summary,
     step_time_ratio,
     window_acceptance,
+    window_prefill_price,
 )
 from loadwise.measure.records import StepRecord
 from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, goodput
@@ -90,3 +91,13 @@ def test_prediction_summary_is_median_abs_error_per_kind() -> None:
     assert s["predicted_retimed_tok_s"]["n"] == 2
     assert s["predicted_retimed_tok_s"]["median_abs_rel_error"] == pytest.approx(0.01)
     assert "predicted_observed_mix_tok_s" not in s
+
+
+def test_window_prefill_price_fits_the_mixed_steps_extra_time() -> None:
+    # Mixed steps cost T(decode part) + 2 ms per prompt token; pure decode steps carry no price.
+    mixed = [StepRecord(0.0, TIMES.at(3, 0.0) + 0.002 * n, 4, 3, n, 0, 0, 2, (0, 0), (0, 0))
+             for n in (50, 120, 300)]
+    price, ratio = window_prefill_price([*mixed, rec(4, 4)], TIMES, output_tokens=235)
+    assert price == pytest.approx(0.002)
+    assert ratio == pytest.approx(470 / 235)
+    assert window_prefill_price([rec(4, 4)], TIMES, output_tokens=0) == (None, None)
