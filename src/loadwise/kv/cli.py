@@ -67,7 +67,9 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
     m = measure(args.store_dir, block_bytes=args.block_bytes)
     console.print(f"  write {m.write_bw_bytes_s / 1e6:.0f} MB/s, session read "
                   f"{m.session_read_bw_bytes_s / 1e6:.0f} MB/s ({m.session_vs_sequential:.0%} of one "
-                  f"large file read, {m.sequential_file_read_bw_bytes_s / 1e6:.0f} MB/s), random "
+                  f"large file read, {m.sequential_file_read_bw_bytes_s / 1e6:.0f} MB/s; "
+                  f"into a fresh buffer per read {m.session_read_fresh_buffer_bw_bytes_s / 1e6:.0f}"
+                  f" MB/s; medians of {m.rounds} interleaved rounds), random "
                   f"block read {m.random_block_read_s * 1e3:.2f} ms, durable single-block "
                   f"write {m.single_block_write_s * 1e3:.2f} ms; reads "
                   + ("O_DIRECT (page cache bypassed)" if m.direct_io else

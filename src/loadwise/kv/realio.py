@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadwise.kv.ssd import SSDMedium, o_direct_supported
+from loadwise.kv.ssd import SSDMedium, o_direct_supported, read_buffer
 from loadwise.kv.trace import TraceRequest
 
 # The SSD medium packs sessions as unsigned 64-bit ints; the tiered offload log is session -1.
@@ -26,6 +26,8 @@ class RealSSDIO:
                              extent_bytes=block_bytes * extent_blocks,
                              direct_reads=o_direct_supported(root))
         self._payload = os.urandom(block_bytes)
+        # One staging buffer reused by every read, as a KV connector loads through its own.
+        self._staging = read_buffer(block_bytes * extent_blocks)
         self.missing_reads = 0  # blocks the simulation had on SSD but the real store did not
         # Per call: (bytes, seconds) — what a device model is fitted to.
         self.write_calls: list[tuple[int, float]] = []
@@ -43,15 +45,23 @@ class RealSSDIO:
         # reads come back after minutes, from the device: drop the cached pages first.
         extents = {self.ssd.index[k].extent for k in keys if k in self.ssd.index}
         self.ssd.drop_page_cache(extents)
+        need = self.ssd.read_bytes_needed(keys)
+        if need > len(self._staging):
+            self._staging.close()
+            self._staging = read_buffer(need)
         t0 = time.perf_counter()
-        got = self.ssd.get_many(keys)
+        got = self.ssd.get_many(keys, into=self._staging)
         elapsed = time.perf_counter() - t0
         self.missing_reads += sum(g is None for g in got)
         self.read_calls.append((sum(len(g) for g in got if g is not None), elapsed))
+        for g in got:
+            if g is not None:
+                g.release()  # the staging buffer is reused (and may be replaced) by the next read
         return elapsed
 
     def close(self) -> None:
         self.ssd.close()
+        self._staging.close()
 
 
 class Pacer:
