@@ -269,7 +269,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               "predicted_retimed_tok_s": "T re-timed before each load, tune's acceptance",
               "predicted_retimed_window_acceptance_tok_s": "re-timed T, each window's acceptance",
               "predicted_retimed_window_inputs_tok_s":
-                  "re-timed T, each window's acceptance, prefill price and prompt/output"}
+                  "re-timed T, each window's acceptance, prefill price and prompt/output",
+              "predicted_window_speed_tok_s":
+                  "profile T at the window's own measured speed, every other input from the window"}
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {labels.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

@@ -95,6 +95,10 @@ def run_evaluate(
         # Per window: (prefill price fitted on its mixed steps, its prompt/output token ratio).
         window_prefill: dict[int, dict[str, list[tuple[float | None, float | None]]]] = (
             _per_window(cfg.loads, names))
+        # Per window: (its speed: pure-decode step time / profile T, prefill price against
+        # the profile's T at that speed); None without a pure decode step.
+        window_speed: dict[int, dict[str, list[tuple[float, float | None] | None]]] = (
+            _per_window(cfg.loads, names))
         window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
         for c in cfg.loads:
@@ -123,6 +127,9 @@ def run_evaluate(
                         window_acc[c][name].append(window_acceptance(records, profile.max_k))
                         window_prefill[c][name].append(window_prefill_price(
                             records, retimed[c].times if c in retimed else times, tokens))
+                        speed = drift[c][name][-1]
+                        window_speed[c][name].append(None if math.isnan(speed) else (
+                            speed, window_prefill_price(records, scaled(times, speed), tokens)[0]))
                         advance(f"{w.name} c={c} {name}")
             finally:
                 loop.close()
@@ -167,6 +174,18 @@ def run_evaluate(
                     # T (machine drift since the tune) and the acceptance its drafts really had.
                     "step_time_vs_profile": _median_or_none(drift[c][name]),
                     "window_acceptance": _acc_json(window_acc[c][name]),
+                    # The profile's T scaled by the speed the machine had during the window
+                    # (its own pure-decode steps over the profile's T), and the window's
+                    # acceptance, prefill price and prompt/output ratio: the model's form, with
+                    # this machine's drift measured instead of assumed away.
+                    "predicted_window_speed_tok_s": _median_or_none([
+                        closed_loop_throughput(
+                            c, k, scaled(times, ws[0]), a or acc,
+                            ws[1] if ws[1] is not None
+                            else (profile.prefill_s_per_token or 0.0) * ws[0],
+                            prompt_per_output if pr[1] is None else pr[1])
+                        for a, pr, ws in zip(window_acc[c][name], window_prefill[c][name],
+                                             window_speed[c][name]) if ws is not None]),
                 }
                 if c in retimed:
                     rt = retimed[c]
@@ -277,6 +296,12 @@ def window_acceptance(records: Sequence[StepRecord], max_k: int) -> Acceptance |
         return None
 
 
+def scaled(times: StepTimes, factor: float) -> StepTimes:
+    """The same grid with every step time multiplied by ``factor``."""
+    return StepTimes({key: t * factor for key, t in times.step_time_s.items()},
+                     times.drafts_per_req)
+
+
 def window_prefill_price(records: Sequence[StepRecord], times: StepTimes,
                          output_tokens: int) -> tuple[float | None, float | None]:
     """The window's own prefill price (seconds per prompt token in its mixed steps, fitted
@@ -298,7 +323,8 @@ def _acc_json(accs: Sequence[Acceptance | None]) -> list[dict[str, Any] | None]:
 
 
 PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_retimed_tok_s",
-               "predicted_retimed_window_acceptance_tok_s", "predicted_retimed_window_inputs_tok_s")
+               "predicted_retimed_window_acceptance_tok_s", "predicted_retimed_window_inputs_tok_s",
+               "predicted_window_speed_tok_s")
 
 
 def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,8 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert set(out["prediction"]) == {"predicted_tok_s", "predicted_observed_mix_tok_s",
                                       "predicted_retimed_tok_s",
                                       "predicted_retimed_window_acceptance_tok_s",
-                                      "predicted_retimed_window_inputs_tok_s"}
+                                      "predicted_retimed_window_inputs_tok_s",
+                                      "predicted_window_speed_tok_s"}
     # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
     assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
 

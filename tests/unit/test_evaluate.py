@@ -9,6 +9,7 @@ from loadwise.evaluate import (
     _mix_prediction,
     merge_retimed,
     prediction_summary,
+    scaled,
     step_time_ratio,
     window_acceptance,
     window_prefill_price,
@@ -101,3 +102,11 @@ def test_window_prefill_price_fits_the_mixed_steps_extra_time() -> None:
     assert price == pytest.approx(0.002)
     assert ratio == pytest.approx(470 / 235)
     assert window_prefill_price([rec(4, 4)], TIMES, output_tokens=0) == (None, None)
+
+
+def test_scaled_times_scale_every_point_and_keep_the_draft_counts() -> None:
+    half = scaled(StepTimes(TIMES.step_time_s, {(4, 2): 1.5}), 0.5)
+    assert half.at(8, 1) == pytest.approx(0.5 * TIMES.at(8, 1))
+    assert half.drafts_per_req == {(4, 2): 1.5}
+    # At the window's speed the model's throughput scales inversely (prefill priced alike).
+    assert goodput(4, 2, half, ACC) == pytest.approx(2 * goodput(4, 2, TIMES, ACC))
