@@ -172,6 +172,9 @@ def test_device_benchmark_reads_back_everything_it_wrote(tmp_path: Path) -> None
     assert m.random_block_read_s > 0 and m.single_block_write_s > 0
     assert m.model().read_bw_bytes_s == m.session_read_bw_bytes_s
     assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself
+    with pytest.raises(ValueError, match="room for one session"):
+        measure(tmp_path, block_bytes=64 * 1024, total_bytes=64 * 1024, blocks_per_session=8)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _damage(root: Path, loc, at: int = 3) -> None:  # noqa: ANN001

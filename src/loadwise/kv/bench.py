@@ -119,24 +119,28 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
     try:
         n_blocks = total_bytes // block_bytes
         n_sessions = n_blocks // blocks_per_session
+        if n_sessions < 1:
+            raise ValueError(f"the device benchmark needs room for one session of "
+                             f"{blocks_per_session} blocks of {block_bytes} B in {total_bytes} B")
+        n_written = n_sessions * blocks_per_session  # only whole sessions are written and read
         payload = os.urandom(block_bytes)
         direct = o_direct_supported(root)
         # Room for every session plus the single-block sessions below: nothing is evicted.
         ssd = SSDMedium(root / "store", capacity_bytes=total_bytes * 2 + 32 * block_bytes * blocks_per_session,
                         extent_bytes=block_bytes * blocks_per_session, direct_reads=direct)
+        nbytes = n_written * block_bytes  # every rate below is over these bytes
         t0 = time.perf_counter()
         for s in range(n_sessions):
             base = s * blocks_per_session
             ssd.put_many(s, [(base + i, payload) for i in range(blocks_per_session)])
-        write_bw = n_blocks * block_bytes / (time.perf_counter() - t0)
+        write_bw = nbytes / (time.perf_counter() - t0)
         big = root / "sequential.bin"
         with open(big, "wb") as f:
-            f.writelines(payload for _ in range(n_blocks))
+            f.writelines(payload for _ in range(n_written))
             os.fsync(f.fileno())
         sessions = [list(range(s * blocks_per_session, (s + 1) * blocks_per_session))
                     for s in range(n_sessions)]
         staging = read_buffer(ssd.read_bytes_needed(sessions[0]))
-        nbytes = n_sessions * blocks_per_session * block_bytes
 
         def read_sessions(into: Any) -> None:
             for keys in sessions:
@@ -161,7 +165,7 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
                 samples[name].append(passes[name]())
         ssd.drop_page_cache()
         rng = random.Random(0)
-        sample = rng.sample(range(n_sessions * blocks_per_session), min(64, n_blocks))
+        sample = rng.sample(range(n_written), min(64, n_written))
         t0 = time.perf_counter()
         for k in sample:
             ssd.get_many([k], into=staging)
@@ -177,9 +181,14 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         ssd.close()
         med = {name: statistics.median(v) for name, v in samples.items()}
         return DeviceMeasurement(
-            block_bytes, n_blocks * block_bytes, write_bw, med["session_staging"],
-            max(med["sequential_qd1"], med["sequential_store_depth"]), random_read_s,
-            single_write_s, direct, med["session_fresh_buffer"], med["sequential_qd1"],
-            med["sequential_store_depth"], depth, chunk, rounds, samples)
+            block_bytes=block_bytes, total_bytes=nbytes, write_bw_bytes_s=write_bw,
+            session_read_bw_bytes_s=med["session_staging"],
+            sequential_file_read_bw_bytes_s=max(med["sequential_qd1"],
+                                                med["sequential_store_depth"]),
+            random_block_read_s=random_read_s, single_block_write_s=single_write_s,
+            direct_io=direct, session_read_fresh_buffer_bw_bytes_s=med["session_fresh_buffer"],
+            sequential_qd1_bw_bytes_s=med["sequential_qd1"],
+            sequential_store_depth_bw_bytes_s=med["sequential_store_depth"],
+            read_depth=depth, read_chunk_bytes=chunk, rounds=rounds, samples_bytes_s=samples)
     finally:
         shutil.rmtree(root, ignore_errors=True)

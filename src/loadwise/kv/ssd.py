@@ -79,10 +79,14 @@ def block_checksum(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def _align_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
 def read_buffer(nbytes: int) -> mmap.mmap:
     """A page-aligned buffer of at least ``nbytes`` for :meth:`SSDMedium.get_many` (``into``):
     O_DIRECT needs an aligned destination, and an anonymous mapping always is."""
-    return mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, DIRECT_ALIGN))
+    return mmap.mmap(-1, max(_align_up(nbytes, DIRECT_ALIGN), DIRECT_ALIGN))
 
 
 def _address(buf: object) -> int:
@@ -110,6 +114,11 @@ class _Run:
     span: int
     dest: int
     blocks: tuple[tuple[Location, int], ...]
+
+
+def _buffer_bytes(runs: Sequence[_Run]) -> int:
+    """Destination bytes a plan needs: runs are laid out in order, the last one ends it."""
+    return runs[-1].dest + runs[-1].span if runs else 0
 
 
 @dataclass(slots=True)
@@ -226,7 +235,7 @@ class SSDMedium:
 
     def _round_up(self, n: int) -> int:
         c = self.prealloc_bytes
-        return min(-(-n // c) * c, max(self.extent_bytes, n))
+        return min(_align_up(n, c), max(self.extent_bytes, n))
 
     def _allocate(self, ext: Extent, end: int, evicted: list[int]) -> None:
         """Make sure bytes [0, end) of the extent are allocated, evicting other extents first
@@ -381,7 +390,7 @@ class SSDMedium:
         :func:`read_buffer`, which the caller owns and may reuse once done with the views) or
         a fresh one per call."""
         runs = self._plan(keys)
-        need = runs[-1].dest + runs[-1].span if runs else 0
+        need = _buffer_bytes(runs)
         if into is None:
             into = read_buffer(need)
         else:
@@ -402,8 +411,7 @@ class SSDMedium:
 
     def read_bytes_needed(self, keys: Sequence[int]) -> int:
         """Size of the buffer :meth:`get_many` needs for these keys."""
-        runs = self._plan(keys)
-        return runs[-1].dest + runs[-1].span if runs else 0
+        return _buffer_bytes(self._plan(keys))
 
     def _plan(self, keys: Sequence[int]) -> list[_Run]:
         """Group the stored keys into contiguous runs (file order) and lay them out in the
@@ -426,9 +434,9 @@ class SSDMedium:
         for group in groups:
             first, last = group[0][0], group[-1][0]
             start = first.offset - first.offset % align
-            end = -(-(last.offset + last.length) // align) * align
+            end = _align_up(last.offset + last.length, align)
             runs.append(_Run(first.extent, start, end - start, dest, tuple(group)))
-            dest += -(-(end - start) // DIRECT_ALIGN) * DIRECT_ALIGN
+            dest += _align_up(end - start, DIRECT_ALIGN)
         return runs
 
     def _read_runs(self, runs: list[_Run], view: memoryview,
