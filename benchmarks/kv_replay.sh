@@ -10,11 +10,12 @@ bash scripts/setup.sh
 trace=${1:-../shared/data/traces/mooncake_conversation_trace.jsonl}
 out=benchmarks/results
 speedups=1,2,4,8,16,32,64
-.venv/bin/loadwise kv replay "$trace" --memory-frac 0.05 --ssd-frac 0.5 --speedups $speedups \
+hints=1,0.9,0.75  # simulated client hints "this session continues" of these accuracies
+.venv/bin/loadwise kv replay "$trace" --memory-frac 0.05 --ssd-frac 0.5 --speedups $speedups --hint-accuracy $hints \
   --store-dir "${KV_STORE_DIR:-$PWD}" --out "$out" | tee /tmp/loadwise-kv-first.log
 first=$(grep -o "results: [^ ]*\.json" /tmp/loadwise-kv-first.log | tail -1 | cut -d' ' -f2)
 for point in "0.02 0.25" "0.10 1.0"; do
   set -- $point
-  .venv/bin/loadwise kv replay "$trace" --memory-frac "$1" --ssd-frac "$2" --speedups $speedups \
+  .venv/bin/loadwise kv replay "$trace" --memory-frac "$1" --ssd-frac "$2" --speedups $speedups --hint-accuracy $hints \
     --device "$first" --validate-requests 0 --out "$out"
 done

@@ -18,6 +18,10 @@ from loadwise.cli import main
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
     (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
     (["kv", "replay", "/no/such/trace.jsonl"], "cannot read trace"),
+    (["kv", "replay", "t.jsonl", "--hint-accuracy", "0.9,1.5"], "accuracies are in [0, 1]"),
+    (["kv", "replay", "t.jsonl", "--hint-accuracy", "high"], "not a comma-separated list"),
+    (["kv", "replay", "t.jsonl", "--speedups", "1,0"], "every factor must be > 0"),
+    (["kv", "replay", "t.jsonl", "--policies", "flat,magic"], "unknown placement policy"),
 ])
 def test_bad_input_exits_2_with_reason(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2

@@ -72,6 +72,11 @@ def test_flat_policy_places_at_creation() -> None:
     # Under SSD write pressure a first turn goes to memory; a returning session keeps the SSD.
     assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=0, write_pressure=0.9)) is Medium.MEMORY
     assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=2, write_pressure=0.9)) is Medium.SSD
+    # A session's first own block below a system prompt every request shares is the session's,
+    # not shared: it goes with the rest of the session, so its SSD extent never hangs on a
+    # memory block LRU may evict. A block other requests already used twice is shared.
+    assert flat.home(BlockInfo(4, 1, 1, 40, seen_prefix_refs=500)) is Medium.SSD
+    assert flat.home(BlockInfo(4, 1, 1, 40, 500, seen_refs=2)) is Medium.MEMORY
     with pytest.raises(ValueError, match="unknown placement policy"):
         create_policy("lru-magic")
 

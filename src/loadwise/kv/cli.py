@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadwise.kv.hints import SimulatedHints
 from loadwise.kv.placement import POLICIES, create_policy
 from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
 from loadwise.kv.trace import read_trace
@@ -39,6 +40,11 @@ def add_parser(sub: Any) -> None:
                     help="replay with the model from the micro-benchmark even when the validation "
                     "slice measured different per-call costs (default: refit latency and "
                     "bandwidth per call kind on the slice's real calls)")
+    rp.add_argument("--hint-accuracy", default="",
+                    help="comma-separated accuracies in [0, 1]: also replay every policy with a "
+                    "simulated client hint of that accuracy saying whether each request's session "
+                    "continues (the trace's truth, flipped with probability 1 - accuracy); "
+                    "results are named POLICY+hint@ACCURACY")
     rp.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     rp.add_argument("--validate-requests", type=int, default=200,
                     help="replay the first N requests again with real file I/O in --store-dir and "
@@ -81,6 +87,17 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
 def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from loadwise.provenance import provenance
 
+    # Bad input fails before any work (the device measurement alone takes a minute).
+    accuracies = _accuracies(args.hint_accuracy)
+    policies = [p.strip() for p in args.policies.split(",")]
+    for name in policies:
+        create_policy(name)
+    try:
+        speedups = [float(x) for x in args.speedups.split(",")]
+    except ValueError:
+        raise ValueError(f"--speedups {args.speedups!r}: not a comma-separated list of numbers") from None
+    if not speedups or min(speedups) <= 0:
+        raise ValueError(f"--speedups: every factor must be > 0, got {args.speedups!r}")
     made_by = provenance()
     requests, bad = read_trace(args.trace, strict=args.strict, limit=args.limit)
     for b in bad[:10]:
@@ -92,8 +109,6 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
                         memory_bytes=int(footprint * args.block_bytes * args.memory_frac),
                         ssd_bytes=int(footprint * args.block_bytes * args.ssd_frac))
     device, device_info = _device(args, console)
-    speedups = [float(x) for x in args.speedups.split(",")]
-    policies = [p.strip() for p in args.policies.split(",")]
     validation = None
     if args.validate_requests > 0:
         validation = _validate(args, requests[: args.validate_requests], store, device,
@@ -106,19 +121,27 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
             console.print(f"device model calibrated on the slice: {validation['calibrated_model']}")
     results: dict[str, list[dict[str, Any]]] = {}
     for name in policies:
-        results[name] = [Replayer(create_policy(name), store, device, sp).run(requests).to_json()
-                         for sp in speedups]
+        for acc in [None, *accuracies]:
+            hint = None if acc is None else SimulatedHints.from_trace(requests, acc).hint
+            variant = name if acc is None else f"{name}+hint@{acc:g}"
+            results[variant] = [
+                {**Replayer(create_policy(name), store, device, sp, hint=hint).run(requests)
+                 .to_json(), "hint_accuracy": acc}
+                for sp in speedups]
     t = Table(title=f"read-back ratio (share of reusable prefix read back instead of recomputed); "
                     f"memory {args.memory_frac:.0%}, SSD {args.ssd_frac:.0%} of {footprint} unique blocks")
     t.add_column("load ×", justify="right")
-    for name in policies:
+    for name in results:
         t.add_column(name, justify="right")
-        t.add_column(f"{name} SSD MB/s", justify="right")
+        if name in policies:
+            t.add_column(f"{name} SSD MB/s", justify="right")
     for i, sp in enumerate(speedups):
         row = [f"{sp:g}"]
-        for name in policies:
-            r = results[name][i]
-            row += [f"{r['read_back_ratio']:.1%}", f"{r['ssd_read_bytes_s'] / 1e6:.0f}"]
+        for name, rows in results.items():
+            r = rows[i]
+            row.append(f"{r['read_back_ratio']:.1%}")
+            if name in policies:
+                row.append(f"{r['ssd_read_bytes_s'] / 1e6:.0f}")
         t.add_row(*row)
     console.print(t)
     out = Path(args.out)
@@ -129,13 +152,25 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
                "store": {"block_bytes": store.block_bytes, "memory_bytes": store.memory_bytes,
                          "ssd_bytes": store.ssd_bytes, "memory_frac": args.memory_frac,
                          "ssd_frac": args.ssd_frac, "extent_blocks": store.extent_blocks},
-               "device": device_info, "speedups": speedups, "results": results}
+               "device": device_info, "speedups": speedups, "hint_accuracies": accuracies,
+               "results": results}
     if validation is not None:
         payload["validation"] = validation
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     _plot(payload, stem.with_suffix(".png"))
     console.print(f"results: {stem.with_suffix('.json')}  plot: {stem.with_suffix('.png')}")
     return 0
+
+
+def _accuracies(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--hint-accuracy {text!r}: not a comma-separated list of numbers") from None
+    bad = [a for a in out if not 0.0 <= a <= 1.0]
+    if bad:
+        raise ValueError(f"--hint-accuracy: accuracies are in [0, 1], got {bad}")
+    return out
 
 
 def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
@@ -206,8 +241,17 @@ def _plot(payload: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    colors: dict[str, Any] = {}
     for name, rows in payload["results"].items():
-        ax.plot(payload["speedups"], [r["read_back_ratio"] for r in rows], marker="o", label=name)
+        base = name.split("+", 1)[0]
+        acc = rows[0].get("hint_accuracy") if rows else None
+        style: dict[str, Any] = {"marker": "o"} if acc is None else {
+            "marker": ".", "ls": "--", "alpha": 0.4 + 0.6 * acc}
+        if base in colors:
+            style["color"] = colors[base]
+        line, = ax.plot(payload["speedups"], [r["read_back_ratio"] for r in rows], label=name,
+                        **style)
+        colors.setdefault(base, line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_xlabel("load (arrival-time compression ×)")
     ax.set_ylabel("read-back ratio")

@@ -195,10 +195,14 @@ class ReplayStats:
 
 class Replayer:
     def __init__(self, policy: PlacementPolicy, store: StoreConfig, device: DeviceModel,
-                 speedup: float = 1.0, real_io: RealIO | None = None) -> None:
+                 speedup: float = 1.0, real_io: RealIO | None = None,
+                 hint: Callable[[int, int], float] | None = None) -> None:
+        """``hint(session, turn)``: the client's probability that the session sends another
+        request after this one (see ``loadwise.kv.hints``); None: requests carry no hint."""
         if speedup <= 0:
             raise ValueError(f"speedup must be > 0, got {speedup}")
         self.real_io = real_io
+        self.hint = hint
         self.policy = policy
         self.store = store
         self.device = device
@@ -309,6 +313,7 @@ class Replayer:
         ssd_batch: list[int] = []
         turn = self.turns.get(req.session, 0)
         pressure = self.write_pressure
+        hint = self.hint(req.session, turn) if self.hint is not None else None
         for i in range(usable, full_blocks):
             h = req.hash_ids[i]
             parent = req.hash_ids[i - 1] if i else None
@@ -316,7 +321,8 @@ class Replayer:
                 continue
             info = BlockInfo(h, req.session, i, len(req.hash_ids),
                              self.refs.get(parent, 0) if parent is not None else 0,
-                             session_turn=turn, write_pressure=pressure)
+                             session_turn=turn, write_pressure=pressure, continues_hint=hint,
+                             seen_refs=self.refs.get(h, 0))
             home = self.policy.home(info)
             if home is Medium.MEMORY:
                 self._to_memory(h, now)
