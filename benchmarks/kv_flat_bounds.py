@@ -27,13 +27,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loadwise.kv.hints import SimulatedHints
 from loadwise.kv.placement import (
     BlockInfo,
     FlatPolicy,
     Medium,
     PlacementPolicy,
     TieredPolicy,
-    shares_prefix,
 )
 from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest, read_trace
@@ -69,51 +69,6 @@ class ClairvoyantFlat(PlacementPolicy):
         return Medium.MEMORY if times[i] - self.now_s <= self.memory_horizon_s else Medium.SSD
 
 
-class SessionHintFlat(PlacementPolicy):
-    """The flat rule plus a hint an application can give at request time: "this session will
-    send another turn" (an agent framework knows its loop continues; a chat UI knows the tab is
-    open). Blocks of a request whose session ends here are not stored, except shared prefixes;
-    the rest are placed by ``base``. ``accuracy`` < 1 flips the hint at random (seeded) to show
-    how good a predictor has to be."""
-
-    def __init__(self, continues: set[tuple[int, int]], accuracy: float,
-                 base: PlacementPolicy | None = None, seed: int = 0) -> None:
-        import random
-
-        self.base = base or FlatPolicy()
-        self.name = f"hinted-{self.base.name}(accuracy={accuracy:g})"
-        self.continues = continues
-        self.accuracy = accuracy
-        self.rng = random.Random(seed)
-        self.hint = True
-        self.turns: dict[int, int] = defaultdict(int)
-
-    def before(self, req: TraceRequest) -> None:
-        turn = self.turns[req.session]
-        self.turns[req.session] += 1
-        truth = (req.session, turn) in self.continues
-        self.hint = truth if self.rng.random() < self.accuracy else not truth
-
-    def home(self, info: BlockInfo) -> Medium | None:
-        if not self.hint and not shares_prefix(info):
-            return None
-        return self.base.home(info)
-
-
-def continuing_turns(requests: list[TraceRequest]) -> set[tuple[int, int]]:
-    """(session, turn) pairs after which the session sends another request."""
-    count: dict[int, int] = defaultdict(int)
-    for r in requests:
-        count[r.session] += 1
-    seen: dict[int, int] = defaultdict(int)
-    out = set()
-    for r in requests:
-        if seen[r.session] + 1 < count[r.session]:
-            out.add((r.session, seen[r.session]))
-        seen[r.session] += 1
-    return out
-
-
 def reference_times(requests: list[TraceRequest]) -> dict[int, list[float]]:
     refs: dict[int, list[float]] = defaultdict(list)
     for r in requests:
@@ -131,24 +86,29 @@ def flat_sweep() -> list[FlatPolicy]:
 def run_point(requests: list[TraceRequest], store: StoreConfig, device: DeviceModel,
               speedups: list[float], residence_s: float,
               refs: dict[int, list[float]]) -> dict[str, list[float]]:
-    def curve(make: Callable[[], PlacementPolicy]) -> tuple[str, list[float]]:
+    def curve(make: Callable[[], PlacementPolicy], accuracy: float | None = None
+              ) -> tuple[str, list[float]]:
         """Read-back ratio at every load; a fresh policy per load (the stateful ones track the
-        replay through their ``before`` hook)."""
+        replay through their ``before`` hook). With ``accuracy``: requests carry the simulated
+        client hint "this session continues" (``loadwise.kv.hints``, as ``kv replay
+        --hint-accuracy``), which the registered policies use under write pressure."""
+        hint = None if accuracy is None else SimulatedHints.from_trace(requests, accuracy).hint
         ratios = []
         for sp in speedups:
             policy = make()
-            ratios.append(Replayer(policy, store, device, sp).run(
+            ratios.append(Replayer(policy, store, device, sp, hint=hint).run(
                 requests, before=getattr(policy, "before", None)).read_back_ratio)
-        return policy.name, ratios
+        name = policy.name if accuracy is None else f"hinted-{policy.name}(accuracy={accuracy:g})"
+        return name, ratios
 
-    continues = continuing_turns(requests)
     makers: list[Callable[[], PlacementPolicy]] = [
         TieredPolicy, FlatPolicy, MemoryOnly, *(lambda p=p: p for p in flat_sweep()),
         *(lambda m=m: ClairvoyantFlat(refs, residence_s, m) for m in (0.25, 0.5, 1.0, 2.0, 4.0)),
-        *(lambda base=base, acc=acc: SessionHintFlat(continues, acc, base)
-          for base in (FlatPolicy(), MemoryOnly()) for acc in (1.0, 0.9, 0.8, 0.7)),
     ]
-    return dict(curve(make) for make in makers)
+    out = dict(curve(make) for make in makers)
+    out.update(curve(make, acc) for make in (FlatPolicy, TieredPolicy)
+               for acc in (1.0, 0.9, 0.8, 0.7))
+    return out
 
 
 def main() -> None:

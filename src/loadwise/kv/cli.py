@@ -128,21 +128,18 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
                 {**Replayer(create_policy(name), store, device, sp, hint=hint).run(requests)
                  .to_json(), "hint_accuracy": acc}
                 for sp in speedups]
+    # One row per policy (and hinted variant), one column per load: fits a narrow terminal
+    # however many variants there are.
     t = Table(title=f"read-back ratio (share of reusable prefix read back instead of recomputed); "
-                    f"memory {args.memory_frac:.0%}, SSD {args.ssd_frac:.0%} of {footprint} unique blocks")
-    t.add_column("load ×", justify="right")
-    for name in results:
-        t.add_column(name, justify="right")
+                    f"memory {args.memory_frac:.0%}, SSD {args.ssd_frac:.0%} of {footprint} unique "
+                    "blocks; SSD MB/s: SSD read throughput of the policy without hints")
+    t.add_column("policy \\ load ×")
+    for sp in speedups:
+        t.add_column(f"{sp:g}", justify="right")
+    for name, rows in results.items():
+        t.add_row(name, *(f"{r['read_back_ratio']:.1%}" for r in rows))
         if name in policies:
-            t.add_column(f"{name} SSD MB/s", justify="right")
-    for i, sp in enumerate(speedups):
-        row = [f"{sp:g}"]
-        for name, rows in results.items():
-            r = rows[i]
-            row.append(f"{r['read_back_ratio']:.1%}")
-            if name in policies:
-                row.append(f"{r['ssd_read_bytes_s'] / 1e6:.0f}")
-        t.add_row(*row)
+            t.add_row(f"  {name} SSD MB/s", *(f"{r['ssd_read_bytes_s'] / 1e6:.0f}" for r in rows))
     console.print(t)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
