@@ -18,7 +18,7 @@ from loadwise.kv.trace import TraceRequest
 
 @dataclass(frozen=True, slots=True)
 class SimulatedHints:
-    """``hint(turn, session)`` in {0.0, 1.0}: the session's truth at that turn (1.0: it sends
+    """``hint(session, turn)`` in {0.0, 1.0}: the session's truth at that turn (1.0: it sends
     another request later in the trace), wrong with probability ``1 - accuracy``."""
 
     requests_per_session: dict[int, int]

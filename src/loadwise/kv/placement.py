@@ -61,7 +61,7 @@ def shares_prefix(info: BlockInfo, shared_prefix_blocks: int = 1) -> bool:
     Not "its parent prefix is shared": below a system prompt every session branches off, so
     that rule sent each session's first own block to memory, and the session's whole SSD
     extent then hung on one block LRU could evict (on the Mooncake conversation trace it cost
-    the flat policy 4-9 points of read-back at 8x-32x load)."""
+    the flat policy 4-17 points of read-back at 8x-32x load)."""
     return info.block_index < shared_prefix_blocks or info.seen_refs >= 2
 
 
