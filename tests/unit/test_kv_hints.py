@@ -20,7 +20,7 @@ from loadwise.kv.trace import TraceRequest
 
 
 def info(hint: float | None, pressure: float, index: int = 30, turn: int = 1) -> BlockInfo:
-    return BlockInfo(key=7, session=3, block_index=index, prompt_blocks=40, seen_prefix_refs=0,
+    return BlockInfo(key=7, session=3, block_index=index, prompt_blocks=40,
                      session_turn=turn, write_pressure=pressure, continues_hint=hint)
 
 

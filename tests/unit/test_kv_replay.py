@@ -21,8 +21,7 @@ def req(t: float, hashes: list[int]) -> TraceRequest:
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_policy_contract(name: str) -> None:
     policy = create_policy(name)
-    home = policy.home(BlockInfo(key=1, session=1, block_index=0, prompt_blocks=1,
-                                 seen_prefix_refs=0))
+    home = policy.home(BlockInfo(key=1, session=1, block_index=0, prompt_blocks=1))
     assert home in (Medium.MEMORY, Medium.SSD, None)
     assert isinstance(policy.offload_on_evict(), bool) and isinstance(policy.promote_on_hit(), bool)
 
@@ -65,18 +64,18 @@ def test_replay_never_reads_more_than_the_ceiling(name: str, prompts: list[list[
 
 def test_flat_policy_places_at_creation() -> None:
     flat = create_policy("flat")
-    assert flat.home(BlockInfo(1, 1, 0, 40, 0)) is Medium.MEMORY  # system-prompt region
-    assert flat.home(BlockInfo(2, 1, 3, 4, 0)) is Medium.MEMORY  # short chat
-    assert flat.home(BlockInfo(3, 1, 30, 40, 0)) is Medium.SSD  # long session
+    assert flat.home(BlockInfo(1, 1, 0, 40)) is Medium.MEMORY  # system-prompt region
+    assert flat.home(BlockInfo(2, 1, 3, 4)) is Medium.MEMORY  # short chat
+    assert flat.home(BlockInfo(3, 1, 30, 40)) is Medium.SSD  # long session
     assert not flat.offload_on_evict() and not flat.promote_on_hit()
     # Under SSD write pressure a first turn goes to memory; a returning session keeps the SSD.
-    assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=0, write_pressure=0.9)) is Medium.MEMORY
-    assert flat.home(BlockInfo(3, 1, 30, 40, 0, session_turn=2, write_pressure=0.9)) is Medium.SSD
-    # A session's first own block below a system prompt every request shares is the session's,
-    # not shared: it goes with the rest of the session, so its SSD extent never hangs on a
-    # memory block LRU may evict. A block other requests already used twice is shared.
-    assert flat.home(BlockInfo(4, 1, 1, 40, seen_prefix_refs=500)) is Medium.SSD
-    assert flat.home(BlockInfo(4, 1, 1, 40, 500, seen_refs=2)) is Medium.MEMORY
+    assert flat.home(BlockInfo(3, 1, 30, 40, session_turn=0, write_pressure=0.9)) is Medium.MEMORY
+    assert flat.home(BlockInfo(3, 1, 30, 40, session_turn=2, write_pressure=0.9)) is Medium.SSD
+    # A session's first own block (below the system prompt every request shares) is the
+    # session's, not shared: it goes with the rest of the session, so its SSD extent never
+    # hangs on a memory block LRU may evict. A block other requests already used twice is.
+    assert flat.home(BlockInfo(4, 1, 1, 40)) is Medium.SSD
+    assert flat.home(BlockInfo(4, 1, 1, 40, seen_refs=2)) is Medium.MEMORY
     with pytest.raises(ValueError, match="unknown placement policy"):
         create_policy("lru-magic")
 

@@ -29,7 +29,6 @@ class BlockInfo:
 
     ``block_index``: position of the block in its request's prompt; ``prompt_blocks``: blocks in
     that prompt (the session's length so far, since each turn re-sends the conversation);
-    ``seen_prefix_refs``: how many earlier requests referenced this block's parent prefix;
     ``seen_refs``: how many earlier requests referenced this very block (> 0 when it is created
     again after it was lost or never stored);
     ``session_turn``: earlier requests of this session (0: its first turn);
@@ -43,11 +42,10 @@ class BlockInfo:
     session: int
     block_index: int
     prompt_blocks: int
-    seen_prefix_refs: int
+    seen_refs: int = 0
     session_turn: int = 0
     write_pressure: float = 0.0
     continues_hint: float | None = None
-    seen_refs: int = 0
 
     def __post_init__(self) -> None:
         if self.continues_hint is not None and not 0.0 <= self.continues_hint <= 1.0:

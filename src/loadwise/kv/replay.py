@@ -316,13 +316,10 @@ class Replayer:
         hint = self.hint(req.session, turn) if self.hint is not None else None
         for i in range(usable, full_blocks):
             h = req.hash_ids[i]
-            parent = req.hash_ids[i - 1] if i else None
             if h in self.memory or h in self.ssd:
                 continue
-            info = BlockInfo(h, req.session, i, len(req.hash_ids),
-                             self.refs.get(parent, 0) if parent is not None else 0,
-                             session_turn=turn, write_pressure=pressure, continues_hint=hint,
-                             seen_refs=self.refs.get(h, 0))
+            info = BlockInfo(h, req.session, i, len(req.hash_ids), seen_refs=self.refs.get(h, 0),
+                             session_turn=turn, write_pressure=pressure, continues_hint=hint)
             home = self.policy.home(info)
             if home is Medium.MEMORY:
                 self._to_memory(h, now)
