@@ -63,6 +63,16 @@ def shares_prefix(info: BlockInfo, shared_prefix_blocks: int = 1) -> bool:
     return info.block_index < shared_prefix_blocks or info.seen_refs >= 2
 
 
+def hinted_to_end_under_pressure(info: BlockInfo, pressure_threshold: float,
+                                 hint_threshold: float) -> bool:
+    """The client says the session ends here (hint below ``hint_threshold``) while the SSD's
+    write queue is past ``pressure_threshold``: storing the block would only take write time
+    and room from blocks that are reused. Both policies apply this one rule, so a comparison
+    with hints measures the designs, not who was told more."""
+    return (info.continues_hint is not None and info.continues_hint < hint_threshold
+            and info.write_pressure >= pressure_threshold)
+
+
 class PlacementPolicy(ABC):
     name: str
 
@@ -104,12 +114,11 @@ class FlatPolicy(PlacementPolicy):
     def home(self, info: BlockInfo) -> Medium | None:
         if shares_prefix(info, self.shared_prefix_blocks):
             return Medium.MEMORY
-        pressed = info.write_pressure >= self.pressure_threshold
-        if pressed and info.continues_hint is not None and info.continues_hint < self.hint_threshold:
+        if hinted_to_end_under_pressure(info, self.pressure_threshold, self.hint_threshold):
             return None
         if info.prompt_blocks <= self.short_session_blocks:
             return Medium.MEMORY
-        if info.session_turn == 0 and pressed:
+        if info.session_turn == 0 and info.write_pressure >= self.pressure_threshold:
             return Medium.MEMORY
         return Medium.SSD
 
@@ -130,8 +139,8 @@ class TieredPolicy(PlacementPolicy):
     hint_threshold: float = 0.5
 
     def home(self, info: BlockInfo) -> Medium | None:
-        if (info.continues_hint is not None and info.continues_hint < self.hint_threshold
-                and info.write_pressure >= self.pressure_threshold and not shares_prefix(info)):
+        if not shares_prefix(info) and hinted_to_end_under_pressure(
+                info, self.pressure_threshold, self.hint_threshold):
             return None
         return Medium.MEMORY
 
