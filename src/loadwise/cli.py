@@ -221,7 +221,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
                      warmup_s=args.warmup, max_tokens=args.max_tokens,
-                     retime_rounds=args.retime_rounds)
+                     retime_rounds=args.retime_rounds, aligned=args.windows == "aligned")
     names = args.workload or sorted(profile.acceptance)
     workloads = resolve_many(names)
     for w in workloads:
@@ -378,7 +378,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--loads", type=_int_list, default=(1, 2, 4, 8, 16))
     ev.add_argument("--repeats", type=int, default=3)
     ev.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
-    ev.add_argument("--warmup", type=float, default=2.0, help="seconds discarded per cell")
+    ev.add_argument("--warmup", type=float, default=2.0,
+                    help="seconds discarded per cell (continuous windows only: an aligned "
+                    "window discards its restart's prefill burst instead)")
+    ev.add_argument("--windows", choices=("aligned", "continuous"), default="aligned",
+                    help="aligned (default): before each window the clients restart on the "
+                    "repeat's prompts and the window ends on a token count, so every "
+                    "configuration decodes the same text; continuous: windows continue the "
+                    "requests in flight and last --duration seconds")
     ev.add_argument("--max-tokens", type=int, default=128)
     ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
                     help="rounds of T(c, k) re-timed before each load, to separate the model's "

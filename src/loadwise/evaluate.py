@@ -53,6 +53,13 @@ class EvalConfig:
     # 0 turns it off. It separates the model's error from this machine's drift between the tune
     # and the evaluation: predictions are reported with the profile's T and with the re-timed T.
     retime_rounds: int = 2
+    # Aligned windows: before each window the clients restart on the repeat's prompts and the
+    # window ends on a token count (≈ duration_s at the measured table's speed), so every
+    # configuration of a repeat decodes the same text and a paired difference is speed, not
+    # content. Without it a window continues whatever requests were in flight: at low load one
+    # request's acceptance decides the window (sharegpt, c=1, 10 s windows: fixed k=3 measured
+    # 16-38 tok/s across repeats while k=0 measured 20-23).
+    aligned: bool = True
 
     def __post_init__(self) -> None:
         if not self.loads or min(self.loads) < 1:
@@ -109,7 +116,11 @@ def run_evaluate(
                                     max_tokens=cfg.max_tokens)
             try:
                 engine.set_table(configs[-1][1])
+                tokens0, t0 = loop.tokens_total, time.perf_counter()
                 loop.settle(cfg.settle_max_s)
+                # Aligned windows end on this many tokens: duration_s at the settle's speed.
+                rate = (loop.tokens_total - tokens0) / max(time.perf_counter() - t0, 1e-9)
+                window_tokens = max(c, round(rate * cfg.duration_s))
                 for r in range(cfg.repeats):
                     shift = (r * 3) % len(configs)
                     order = configs[shift:] + configs[:shift]
@@ -118,7 +129,8 @@ def run_evaluate(
                     for name, table in order:
                         engine.set_table(table)
                         # Same prompt sequence for every configuration of this repeat.
-                        tokens, secs, records = _window(engine, loop, cfg, w.cycle(cfg.seed + r))
+                        tokens, secs, records = _window(engine, loop, cfg, w.cycle(cfg.seed + r),
+                                                        window_tokens)
                         samples[c][name].append(tokens / secs)
                         mixes[c][name].append(_mix_prediction(records, table, times, acc,
                                                               profile.prefill_s_per_token))
@@ -136,17 +148,22 @@ def run_evaluate(
         per_load = []
         for c in cfg.loads:
             stats = {name: summarize(v) for name, v in samples[c].items()}
+            # Compared per repeat: what a repeat's prompts or the machine's speed then did to
+            # every configuration alike cancels out.
+            rel = relative_to_repeat(samples[c])
+            rel_median = {name: summarize(v).median for name, v in rel.items()}
             fixed = [n for n in stats if n.startswith("k=")]
-            best = max(fixed, key=lambda n: stats[n].median)
-            best_s = stats[best]
-            noise = (max(samples[c][best]) - min(samples[c][best])) / best_s.median
+            best = max(fixed, key=lambda n: rel_median[n])
+            noise = (max(rel[best]) - min(rel[best])) / rel_median[best]
             entry: dict[str, Any] = {
-                "load": c, "best_fixed": best, "best_fixed_tok_s": best_s.median,
-                "noise_rel": noise, "configs": {},
+                "load": c, "best_fixed": best, "best_fixed_tok_s": stats[best].median,
+                "noise_rel": noise, "unpaired_noise_rel": (
+                    max(samples[c][best]) - min(samples[c][best])) / stats[best].median,
+                "configs": {},
             }
             for name, table in configs:
                 s = stats[name]
-                loss = 1.0 - s.median / best_s.median
+                loss = 1.0 - rel_median[name] / rel_median[best]
                 # Paired by repeat: both ran on the same prompts, minutes apart at most.
                 paired = [1.0 - x / y for x, y in zip(samples[c][name], samples[c][best])]
                 k = table.lookup(c)
@@ -156,6 +173,7 @@ def run_evaluate(
                                                     prompt_per_output))
                 entry["configs"][name] = {
                     "table": table.to_vllm(), "samples_tok_s": samples[c][name],
+                    "relative_samples": rel[name],
                     "median_tok_s": s.median, "min_tok_s": min(samples[c][name]),
                     "max_tok_s": max(samples[c][name]),
                     "loss_vs_best_fixed": loss,
@@ -225,6 +243,26 @@ def run_evaluate(
     out = {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
     add_equivalence(out)
     out["prediction"] = prediction_summary(out)
+    return out
+
+
+def relative_to_repeat(samples: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each window's throughput over the geometric mean of all configurations' windows of the
+    same repeat (the i-th window of every configuration). Ratios between configurations within
+    a repeat are kept; what the repeat did to all of them alike (its prompts, the machine's
+    speed then) is divided out."""
+    names = list(samples)
+    repeats = {len(v) for v in samples.values()}
+    if len(repeats) != 1 or not names:
+        raise ValueError("every configuration needs the same number of windows")
+    n = repeats.pop()
+    if any(x <= 0 for v in samples.values() for x in v):
+        raise ValueError("throughput samples must be positive")
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(n):
+        gmean = math.exp(sum(math.log(samples[name][i]) for name in names) / len(names))
+        for name in names:
+            out[name].append(samples[name][i] / gmean)
     return out
 
 
@@ -367,20 +405,28 @@ def add_equivalence(results: dict[str, Any]) -> dict[str, Any]:
                 twin = cfgs.get(f"k={k}")
                 if twin is None:
                     continue
-                pooled_median = summarize(twin["samples_tok_s"] + entry["samples_tok_s"]).median
+                # Relative samples where the results have them (older files: raw tok/s).
+                field = "relative_samples" if "relative_samples" in entry else "samples_tok_s"
+                pooled_median = summarize(twin[field] + entry[field]).median
                 entry["equivalent_fixed"] = f"k={k}"
                 entry["equivalent_loss"] = (0.0 if f"k={k}" == e["best_fixed"] else
-                                            1.0 - pooled_median / best["median_tok_s"])
+                                            1.0 - pooled_median / summarize(best[field]).median)
                 gaps = [1.0 - x / y for x, y in zip(entry["samples_tok_s"], twin["samples_tok_s"])]
                 entry["identical_config_gap"] = {"median": summarize(gaps).median,
                                                  "min": min(gaps), "max": max(gaps)}
     return results
 
 
-def _window(engine: TunableEngine, loop: Any, cfg: EvalConfig,
-            prompts: Any) -> tuple[int, float, list[Any]]:
-    before = engine.num_records()
-    tokens, secs = loop.run(cfg.duration_s, warmup_s=cfg.warmup_s, prompts=prompts)
+def _window(engine: TunableEngine, loop: Any, cfg: EvalConfig, prompts: Any,
+            window_tokens: int) -> tuple[int, float, list[Any]]:
+    if cfg.aligned:
+        loop.restart(prompts)
+        before = engine.num_records()
+        # A cap far above the expected duration: a stalled engine must not hang the run.
+        tokens, secs = loop.run_tokens(window_tokens, max_s=10 * cfg.duration_s + 60)
+    else:
+        before = engine.num_records()
+        tokens, secs = loop.run(cfg.duration_s, warmup_s=cfg.warmup_s, prompts=prompts)
     records = engine.records_since(before)
     # Keep the measured window's steps only (the warm-up ones come first).
     end = records[-1].end_time_s if records else 0.0

@@ -73,3 +73,35 @@ def test_steady_closed_loop_keeps_every_client_busy_across_windows(engine) -> No
     finally:
         loop.close()
     assert not engine.engine.has_unfinished_requests()
+
+
+def test_restart_on_the_same_prompts_decodes_the_same_text_whatever_the_table(engine) -> None:
+    prompts = [engine.chat_prompt(p) for p in PROMPTS]
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    loop = engine.open_loop(iter(prompts * 4), concurrency=1, max_tokens=24)
+    try:
+        loop.settle(max_s=120)
+        runs = []
+        for k in (0, 2, 0):
+            engine.set_table(DraftLengthTable.fixed(k, MAX_K, 16))
+            loop.restart(iter(prompts * 4))
+            assert len(loop.in_flight) == 1 and loop.initial == set(loop.in_flight)
+            loop.recent_outputs.clear()
+            tokens, secs = loop.run_tokens(60, max_s=120)
+            assert tokens >= 60 and secs > 0 and not loop.initial
+            runs.append(list(loop.recent_outputs)[:2])
+        # The same requests in the same order: every window covers the same text.
+        assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[2]
+    finally:
+        loop.close()
+    # A restart at 3 clients aborts what was in flight and starts 3 fresh requests.
+    loop = engine.open_loop(iter(prompts * 4), concurrency=3, max_tokens=24)
+    try:
+        loop.run_tokens(10, max_s=120)
+        old = set(loop.in_flight)
+        loop.restart(iter(prompts * 4))
+        assert len(loop.in_flight) == 3 and not old & set(loop.in_flight)
+        assert engine.engine.get_num_unfinished_requests() == 3
+    finally:
+        loop.close()
+    assert not engine.engine.has_unfinished_requests()

@@ -3,12 +3,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loadwise.evaluate import (
     _mean_decode_batch,
     _mix_prediction,
     merge_retimed,
     prediction_summary,
+    relative_to_repeat,
     scaled,
     step_time_ratio,
     window_acceptance,
@@ -110,3 +113,33 @@ def test_scaled_times_scale_every_point_and_keep_the_draft_counts() -> None:
     assert half.drafts_per_req == {(4, 2): 1.5}
     # At the window's speed the model's throughput scales inversely (prefill priced alike).
     assert goodput(4, 2, half, ACC) == pytest.approx(2 * goodput(4, 2, TIMES, ACC))
+
+
+positive = st.floats(min_value=0.1, max_value=1e4, allow_nan=False)
+
+
+@given(st.integers(1, 5).flatmap(lambda n: st.lists(
+    st.lists(positive, min_size=n, max_size=n), min_size=2, max_size=6)),
+    st.lists(st.floats(min_value=0.1, max_value=10), min_size=5, max_size=5))
+def test_relative_to_repeat_divides_out_what_a_repeat_did_to_every_configuration(
+        rows: list[list[float]], factors: list[float]) -> None:
+    samples = {f"c{i}": row for i, row in enumerate(rows)}
+    rel = relative_to_repeat(samples)
+    n = len(rows[0])
+    for i in range(n):
+        # Within a repeat the ratios between configurations are kept...
+        assert rel["c1"][i] / rel["c0"][i] == pytest.approx(rows[1][i] / rows[0][i], rel=1e-9)
+        # ...and the repeat's own level is gone (its geometric mean is 1).
+        assert math.prod(rel[name][i] for name in rel) == pytest.approx(1.0, rel=1e-6)
+    # A repeat where everything ran f times faster (easier prompts, a faster machine) changes
+    # nothing.
+    scaled = {name: [x * factors[i] for i, x in enumerate(v)] for name, v in samples.items()}
+    for name, v in relative_to_repeat(scaled).items():
+        assert v == pytest.approx(rel[name], rel=1e-9)
+
+
+def test_relative_to_repeat_rejects_ragged_or_nonpositive_samples() -> None:
+    with pytest.raises(ValueError, match="same number of windows"):
+        relative_to_repeat({"a": [1.0, 2.0], "b": [1.0]})
+    with pytest.raises(ValueError, match="positive"):
+        relative_to_repeat({"a": [1.0], "b": [0.0]})

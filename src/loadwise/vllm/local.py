@@ -7,6 +7,7 @@ The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0); everything b
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -165,13 +166,59 @@ class ClosedLoop:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.engine = engine
         self.prompts = prompts
+        self.concurrency = concurrency
         self.max_tokens = max_tokens
+        self.stagger = stagger
         self.t0 = time.perf_counter()
         self.in_flight: dict[str, int] = {}
         self.finished = 0
-        for i in range(concurrency):
-            first = max(1, round(max_tokens * (i + 1) / concurrency)) if stagger else max_tokens
-            self.in_flight[engine.add(self._next_prompt(), first)] = 0
+        # Output tokens produced since the loop started (every step counted).
+        self.tokens_total = 0
+        # Token ids of the most recently finished requests, oldest first (bounded: the loop
+        # can run for hours).
+        self.recent_outputs: collections.deque[tuple[int, ...]] = collections.deque(maxlen=32)
+        # Ids of the requests the clients started with (see restart): until each of them has
+        # produced a token, the loop is still in its initial prefill burst.
+        self.initial: set[str] = set()
+        self._start()
+
+    def _start(self) -> None:
+        c = self.concurrency
+        for i in range(c):
+            first = max(1, round(self.max_tokens * (i + 1) / c)) if self.stagger else self.max_tokens
+            req_id = self.engine.add(self._next_prompt(), first)
+            self.in_flight[req_id] = 0
+            self.initial.add(req_id)
+
+    def restart(self, prompts: Iterator[str]) -> None:
+        """Abort every request in flight and start the clients again on ``prompts`` (staggered
+        as at construction). Two restarts on the same prompt sequence put the engine in the
+        same state, whatever ran before: with greedy sampling the requests that follow decode
+        the same text, so windows measured after them compare speed, not content."""
+        self.engine.abort_all()
+        self.in_flight.clear()
+        self.initial.clear()
+        self.prompts = prompts
+        self._start()
+
+    def run_tokens(self, count_tokens: int, max_s: float) -> tuple[int, float]:
+        """After a :meth:`restart`: step until every initial request has produced a token
+        (the restart's prefill burst, not counted), then count output tokens until at least
+        ``count_tokens`` (or ``max_s`` of counting); returns (tokens counted, seconds). Ending
+        on a token count rather than a duration makes every configuration measured after the
+        same restart cover the same text; a faster one just gets there sooner."""
+        if count_tokens < 1:
+            raise ValueError(f"count_tokens must be >= 1, got {count_tokens}")
+        t0 = time.perf_counter()
+        while (any(self.in_flight.get(r) == 0 for r in self.initial)
+               and time.perf_counter() - t0 < max_s):
+            self._step()
+        self.initial.clear()
+        start = time.perf_counter()
+        counted = 0
+        while counted < count_tokens and time.perf_counter() - start < max_s:
+            counted += self._step()
+        return counted, time.perf_counter() - start
 
     def _next_prompt(self) -> str:
         p = self.prompts
@@ -184,9 +231,12 @@ class ClosedLoop:
             new_tokens += n - self.in_flight.get(out.request_id, 0)
             self.in_flight[out.request_id] = n
             if out.finished:
+                self.initial.discard(out.request_id)
+                self.recent_outputs.append(tuple(out.outputs[0].token_ids))
                 del self.in_flight[out.request_id]
                 self.finished += 1
                 self.in_flight[self.engine.add(self._next_prompt(), self.max_tokens)] = 0
+        self.tokens_total += new_tokens
         return new_tokens
 
     def settle(self, max_s: float) -> float:
