@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import statistics
@@ -187,7 +186,7 @@ def tables(times: dict[tuple[int, int], float], profile: Profile,
     for name in sorted(profile.acceptance):
         acc = profile.acceptance_for(name)
         top = min(st.max_k, acc.max_k)
-        table, choices = best_table(st, acc, max_b, top)
+        table, _ = best_table(st, acc, max_b, top)
         per_b = {}
         for b in st.batch_sizes:
             g = {k: goodput(b, k, st, acc) for k in range(top + 1)}
