@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from loadwise.measure.profile import Profile
-from loadwise.policy.goodput import ModelError, StepTimes, best_table, goodput
+from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, best_table, goodput
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,11 +189,18 @@ def time_point(dec: Decoder, b: int, k: int, ctx: int, replays: int, rounds: int
 
 def tables(times: dict[tuple[int, int], float], profile: Profile,
            max_b: int) -> dict[str, Any]:
-    """The goodput math of `loadwise tune` on these step times, per workload acceptance."""
+    """The goodput math of `loadwise tune` on these step times, per workload acceptance: as
+    measured (prompt lookup proposes a draft in only some steps: ``draft_rate``), and with the
+    same per-position acceptance from a drafter that always proposes k tokens (a draft model
+    or EAGLE head, the GPU methods), where every step pays for all k drafts."""
     st = StepTimes(times)
     out: dict[str, Any] = {}
+    accs = {}
     for name in sorted(profile.acceptance):
         acc = profile.acceptance_for(name)
+        accs[name] = acc
+        accs[f"{name}, always drafting"] = Acceptance(acc.prefix_accept)
+    for name, acc in accs.items():
         top = min(st.max_k, acc.max_k)
         table, _ = best_table(st, acc, max_b, top)
         per_b = {}
@@ -205,6 +212,28 @@ def tables(times: dict[tuple[int, int], float], profile: Profile,
         out[name] = {"table": table.to_vllm(), "acceptance": list(acc.prefix_accept),
                      "draft_rate": acc.draft_rate, "per_batch_size": per_b}
     return out
+
+
+def rescore(path: str, profile_path: str, out_dir: str) -> int:
+    profile = Profile.load(profile_path)
+    with open(path) as f:
+        result = json.load(f)
+    max_b = max(result["config"]["batch_sizes"])
+    for name, entry in result["shapes"].items():
+        if "error" in entry:
+            continue
+        times = {tuple(map(int, key.split(","))): t for key, t in entry["step_time_s"].items()}
+        entry["tables"] = tables(times, profile, max_b)  # type: ignore[arg-type]
+        for wl, t in entry["tables"].items():
+            print(f"{name} {wl}: {t['table']}")
+    result["acceptance_profile"] = profile_path
+    result["cpu_tables"] = {n: profile.table_for(n).to_vllm() for n in sorted(profile.acceptance)}
+    os.makedirs(out_dir, exist_ok=True)
+    dest = os.path.join(out_dir, os.path.basename(path))
+    with open(dest, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {dest}")
+    return 0
 
 
 def main() -> int:
@@ -219,7 +248,11 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--from-json", help="recompute the tables from a result file's step times "
+                    "(no timing; e.g. with another --profile)")
     args = ap.parse_args()
+    if args.from_json:
+        return rescore(args.from_json, args.profile, args.out)
     profile = Profile.load(args.profile)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     dtype = getattr(torch, args.dtype)
