@@ -271,7 +271,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               "predicted_retimed_window_inputs_tok_s":
                   "re-timed T, each window's acceptance, prefill price and prompt/output",
               "predicted_window_speed_tok_s":
-                  "profile T at the window's own measured speed, every other input from the window"}
+                  "profile T at the window's own measured speed, every other input from the window",
+              "predicted_anchored_k0_tok_s":
+                  "profile's speed-up over k=0, times k=0 as measured at that load"}
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {labels.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

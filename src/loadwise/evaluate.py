@@ -161,6 +161,13 @@ def run_evaluate(
                     max(samples[c][best]) - min(samples[c][best])) / stats[best].median,
                 "configs": {},
             }
+
+            def predict(k: int, c: int = c) -> float:
+                if profile.prefill_s_per_token is None:
+                    return goodput(c, k, times, acc)
+                return closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
+                                              prompt_per_output)
+
             for name, table in configs:
                 s = stats[name]
                 loss = 1.0 - rel_median[name] / rel_median[best]
@@ -168,9 +175,7 @@ def run_evaluate(
                 paired = [1.0 - x / y for x, y in zip(samples[c][name], samples[c][best])]
                 k = table.lookup(c)
                 decode_only = goodput(c, k, times, acc)
-                predicted = (decode_only if profile.prefill_s_per_token is None else
-                             closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
-                                                    prompt_per_output))
+                predicted = predict(k)
                 entry["configs"][name] = {
                     "table": table.to_vllm(), "samples_tok_s": samples[c][name],
                     "relative_samples": rel[name],
@@ -182,6 +187,12 @@ def run_evaluate(
                     # A tie: the repeats disagree on the sign, or the loss is inside the spread.
                     "within_noise": abs(loss) <= noise or min(paired) <= 0.0 <= max(paired),
                     "predicted_tok_s": predicted,
+                    # The model's speed-up over no speculation applied to k=0 as measured in
+                    # this load's windows: the machine's speed now, taken from one
+                    # measurement, and the model for everything the table choice rests on.
+                    # None for k=0 itself (it would be its own measurement).
+                    "predicted_anchored_k0_tok_s": None if name == "k=0" else (
+                        stats["k=0"].median * predicted / predict(0)),
                     "predicted_decode_only_tok_s": decode_only,
                     # Diagnostics: the same model fed the batch sizes and prefills that really
                     # occurred in the window (separates occupancy from step-time error).
@@ -362,7 +373,7 @@ def _acc_json(accs: Sequence[Acceptance | None]) -> list[dict[str, Any] | None]:
 
 PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_retimed_tok_s",
                "predicted_retimed_window_acceptance_tok_s", "predicted_retimed_window_inputs_tok_s",
-               "predicted_window_speed_tok_s")
+               "predicted_window_speed_tok_s", "predicted_anchored_k0_tok_s")
 
 
 def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,8 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
         assert c["predicted_retimed_tok_s"] > 0 and c["step_time_vs_profile"] > 0
         # Prompt lookup drafts on the repetitive workload whenever k > 0, never at k = 0.
         assert (c["window_acceptance"][0] is None) == (c["k_at_load"] == 0), name
+        # Anchored on k=0 as measured: every configuration but k=0 itself.
+        assert (c["predicted_anchored_k0_tok_s"] is None) == (name == "k=0"), name
     # Re-timing measured T(2, k) for every k on the same engine, just before the load.
     assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5
@@ -73,7 +75,8 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
                                       "predicted_retimed_tok_s",
                                       "predicted_retimed_window_acceptance_tok_s",
                                       "predicted_retimed_window_inputs_tok_s",
-                                      "predicted_window_speed_tok_s"}
+                                      "predicted_window_speed_tok_s",
+                                      "predicted_anchored_k0_tok_s"}
     # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
     assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
 
