@@ -221,7 +221,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
                      warmup_s=args.warmup, max_tokens=args.max_tokens,
-                     retime_rounds=args.retime_rounds, aligned=args.windows == "aligned")
+                     retime_rounds=args.retime_rounds, aligned=args.windows == "aligned",
+                     confirm_rounds=args.confirm_rounds)
     names = args.workload or sorted(profile.acceptance)
     workloads = resolve_many(names)
     for w in workloads:
@@ -233,7 +234,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     engine = LocalEngine(spec)
     templated = [w.map(engine.chat_prompt) for w in workloads]
     n_cfg = profile.max_k + 3
-    total = len(workloads) * len(cfg.loads) * (cfg.repeats * n_cfg + (1 if cfg.retime_rounds else 0))
+    total = len(workloads) * len(cfg.loads) * (cfg.repeats * n_cfg + (1 if cfg.retime_rounds else 0)
+                                                + 4 * cfg.confirm_rounds)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
@@ -248,7 +250,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         t = Table(title=f"{name}: measured table {res['measured_table']}")
         for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss (paired)",
                     "measured table loss (paired)", "measured table ≡ (pooled loss)",
-                    "prediction error (measured table)"):
+                    "confirmation: table vs fastest other k", "prediction error (measured table)"):
             t.add_column(col, justify="right")
 
         def fmt(c: dict[str, Any]) -> str:
@@ -260,8 +262,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             d, m = e["configs"]["docs table"], e["configs"]["measured table"]
             same = (f"{m['equivalent_fixed']} ({m['equivalent_loss']:+.1%})"
                     if "equivalent_fixed" in m else "-")
+            cf = e.get("confirmation")
+            conf = ("-" if not cf or cf["rival"] is None else
+                    f"k={cf['table_k']} vs {cf['rival']}: {cf['median_loss']:+.1%} "
+                    f"[{cf['min_loss']:+.1%}, {cf['max_loss']:+.1%}] p={cf['sign_test_p']:.2f}")
             t.add_row(str(e["load"]), e["best_fixed"], f"{e['best_fixed_tok_s']:.1f}",
-                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same,
+                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same, conf,
                       f"{m['prediction_rel_error']:+.1%}")
         console.print(t)
     labels = {"predicted_tok_s": "profile (tune's T and acceptance)",
@@ -392,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
                     help="rounds of T(c, k) re-timed before each load, to separate the model's "
                     "prediction error from machine drift since the tune (0: off; default 2)")
+    ev.add_argument("--confirm-rounds", type=_nonneg_int, default=4,
+                    help="after each load: rounds of 4 fresh windows (ABBA) of the measured "
+                    "table against the fastest other fixed k, scored on new windows "
+                    "(0: off; default 4)")
     ev.add_argument("--out", default="benchmarks/results")
     ev.set_defaults(func=cmd_evaluate)
 

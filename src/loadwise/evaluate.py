@@ -60,6 +60,11 @@ class EvalConfig:
     # request's acceptance decides the window (sharegpt, c=1, 10 s windows: fixed k=3 measured
     # 16-38 tok/s across repeats while k=0 measured 20-23).
     aligned: bool = True
+    # Confirmation after a load's repeats: rounds of four fresh aligned windows, measured table
+    # and the fastest *other* fixed k in ABBA / BAAB order (a linear drift cancels), scored
+    # on new windows so the pick of the rival does not bias its score (the fastest of five
+    # noisy medians is biased upward). 0 turns it off.
+    confirm_rounds: int = 4
 
     def __post_init__(self) -> None:
         if not self.loads or min(self.loads) < 1:
@@ -68,6 +73,8 @@ class EvalConfig:
             raise ValueError("repeats must be >= 1 and duration > 0")
         if self.retime_rounds < 0:
             raise ValueError(f"retime_rounds must be >= 0, got {self.retime_rounds}")
+        if self.confirm_rounds < 0:
+            raise ValueError(f"confirm_rounds must be >= 0, got {self.confirm_rounds}")
 
 
 def configurations(profile: Profile, workload: str) -> list[tuple[str, DraftLengthTable]]:
@@ -108,6 +115,7 @@ def run_evaluate(
             _per_window(cfg.loads, names))
         window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
+        confirmations: dict[int, dict[str, Any]] = {}
         for c in cfg.loads:
             if cfg.retime_rounds:
                 retimed[c] = retime(engine, times, c, cfg)
@@ -143,6 +151,9 @@ def run_evaluate(
                         window_speed[c][name].append(None if math.isnan(speed) else (
                             speed, window_prefill_price(records, scaled(times, speed), tokens)[0]))
                         advance(f"{w.name} c={c} {name}")
+                if cfg.confirm_rounds:
+                    confirmations[c] = confirm(engine, loop, cfg, w, dict(configs), c,
+                                               samples[c], window_tokens, advance)
             finally:
                 loop.close()
         per_load = []
@@ -162,7 +173,8 @@ def run_evaluate(
                 "configs": {},
             }
 
-            def predict(k: int, c: int = c) -> float:
+            def predict(k: int, c: int = c, acc: Acceptance = acc,
+                        prompt_per_output: float = prompt_per_output) -> float:
                 if profile.prefill_s_per_token is None:
                     return goodput(c, k, times, acc)
                 return closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
@@ -243,6 +255,8 @@ def run_evaluate(
                     )
             if c in retimed:
                 entry["retimed"] = retimed[c].to_json(times, c)
+            if c in confirmations:
+                entry["confirmation"] = confirmations[c]
             per_load.append(entry)
         results[w.name] = {
             "measured_table": profile.table_for(w.name).to_vllm(),
@@ -255,6 +269,57 @@ def run_evaluate(
     add_equivalence(out)
     out["prediction"] = prediction_summary(out)
     return out
+
+
+def strongest_rival(samples: dict[str, list[float]], table_k: int) -> str | None:
+    """The fixed k other than ``table_k`` with the highest median relative throughput."""
+    rel = relative_to_repeat(samples)
+    scores = {n: summarize(v).median for n, v in rel.items()
+              if n.startswith("k=") and n != f"k={table_k}"}
+    return max(scores, key=lambda n: scores[n]) if scores else None
+
+
+def confirm(engine: TunableEngine, loop: Any, cfg: EvalConfig, w: Workload,
+            tables: dict[str, DraftLengthTable], c: int, samples: dict[str, list[float]],
+            window_tokens: int, advance: Callable[[str], None]) -> dict[str, Any]:
+    """Head-to-head of the measured table against the strongest other fixed k (see
+    EvalConfig.confirm_rounds); every window aligned on the round's prompts."""
+    table = tables["measured table"]
+    k = table.lookup(c)
+    rival = strongest_rival(samples, k)
+    if rival is None:
+        return {"table_k": k, "rival": None}
+    windows: list[dict[str, list[float]]] = []
+    for r in range(cfg.confirm_rounds):
+        order = ["table", "rival", "rival", "table"] if r % 2 == 0 else [
+            "rival", "table", "table", "rival"]
+        got: dict[str, list[float]] = {"table": [], "rival": []}
+        for who in order:
+            engine.set_table(table if who == "table" else tables[rival])
+            tokens, secs, _ = _window(engine, loop, cfg, w.cycle(cfg.seed + 500 + r),
+                                      window_tokens)
+            got[who].append(tokens / secs)
+            advance(f"{w.name} c={c} confirm {who}")
+        windows.append(got)
+    return confirmation_summary(k, rival, windows)
+
+
+def confirmation_summary(table_k: int, rival: str,
+                         windows: Sequence[dict[str, list[float]]]) -> dict[str, Any]:
+    """Per round: loss = 1 - (table's tokens/s summed over its two windows) / (rival's); the
+    table's loss vs the best fixed k is max(0, median round loss): if the rival is slower,
+    the table's own k is the fastest fixed k. ``sign_test_p``: two-sided probability of
+    rounds at least this one-sided if table and rival were equally fast."""
+    losses = [1.0 - sum(g["table"]) / sum(g["rival"]) for g in windows]
+    # Sign test: rounds with no difference say nothing either way.
+    above, below = sum(x > 0 for x in losses), sum(x < 0 for x in losses)
+    n = above + below
+    tail = sum(math.comb(n, i) for i in range(max(above, below), n + 1)) / 2 ** n
+    med = summarize(losses).median
+    return {"table_k": table_k, "rival": rival, "round_losses": losses,
+            "windows_tok_s": list(windows), "median_loss": med, "min_loss": min(losses),
+            "max_loss": max(losses), "sign_test_p": min(1.0, 2 * tail),
+            "loss_vs_best_fixed": max(0.0, med)}
 
 
 def relative_to_repeat(samples: dict[str, list[float]]) -> dict[str, list[float]]:

@@ -55,7 +55,7 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
 
     profile = Profile.load(tiny_profile)
     cfg = EvalConfig(loads=(2,), repeats=1, warmup_s=0.5, duration_s=2.0, max_tokens=24,
-                     retime_rounds=1, settle_max_s=60)
+                     retime_rounds=1, settle_max_s=60, confirm_rounds=1)
     w = builtin("repetitive").map(engine.chat_prompt)
     out = run_evaluate(engine, profile, [w], cfg, lambda _: None)
     entry = out["workloads"]["repetitive"]["loads"][0]
@@ -68,6 +68,13 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
         assert (c["window_acceptance"][0] is None) == (c["k_at_load"] == 0), name
         # Anchored on k=0 as measured: every configuration but k=0 itself.
         assert (c["predicted_anchored_k0_tok_s"] is None) == (name == "k=0"), name
+    # Confirmation: the measured table head-to-head with the fastest other fixed k, ABBA.
+    conf = entry["confirmation"]
+    assert conf["table_k"] == entry["configs"]["measured table"]["k_at_load"]
+    assert conf["rival"] in entry["configs"] and conf["rival"] != f"k={conf['table_k']}"
+    assert [len(g["table"]) for g in conf["windows_tok_s"]] == [2]
+    assert all(x > 0 for g in conf["windows_tok_s"] for x in g["table"] + g["rival"])
+    assert len(conf["round_losses"]) == 1 and conf["loss_vs_best_fixed"] >= 0
     # Re-timing measured T(2, k) for every k on the same engine, just before the load.
     assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5

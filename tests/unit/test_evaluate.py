@@ -9,11 +9,13 @@ from hypothesis import strategies as st
 from loadwise.evaluate import (
     _mean_decode_batch,
     _mix_prediction,
+    confirmation_summary,
     merge_retimed,
     prediction_summary,
     relative_to_repeat,
     scaled,
     step_time_ratio,
+    strongest_rival,
     window_acceptance,
     window_prefill_price,
 )
@@ -143,3 +145,37 @@ def test_relative_to_repeat_rejects_ragged_or_nonpositive_samples() -> None:
         relative_to_repeat({"a": [1.0, 2.0], "b": [1.0]})
     with pytest.raises(ValueError, match="positive"):
         relative_to_repeat({"a": [1.0], "b": [0.0]})
+
+
+def test_confirmation_loss_is_the_median_round_and_zero_when_the_rival_is_slower() -> None:
+    slower = [{"table": [90.0, 92.0], "rival": [100.0, 100.0]}] * 3
+    out = confirmation_summary(2, "k=3", slower)
+    assert out["median_loss"] == pytest.approx(0.09)
+    assert out["loss_vs_best_fixed"] == pytest.approx(0.09)
+    assert out["sign_test_p"] == pytest.approx(0.25)  # 3 of 3 rounds slower: 2 * 1/8
+    faster = [{"table": [110.0, 100.0], "rival": [100.0, 100.0]},
+              {"table": [95.0, 100.0], "rival": [100.0, 100.0]},
+              {"table": [120.0, 100.0], "rival": [100.0, 100.0]}]
+    out = confirmation_summary(2, "k=3", faster)
+    assert out["median_loss"] == pytest.approx(-0.05)
+    assert out["loss_vs_best_fixed"] == 0.0  # the table's own k is the fastest fixed k
+    assert out["sign_test_p"] == pytest.approx(1.0)  # 2 faster, 1 slower: no evidence
+
+
+@given(st.lists(st.floats(min_value=-0.5, max_value=0.5), min_size=1, max_size=12))
+def test_confirmation_sign_test_is_a_probability_and_symmetric(losses: list[float]) -> None:
+    def rounds(xs: list[float]) -> list[dict[str, list[float]]]:
+        return [{"table": [100.0 * (1 - x)] * 2, "rival": [100.0] * 2} for x in xs]
+
+    p = confirmation_summary(1, "k=0", rounds(losses))["sign_test_p"]
+    assert 0.0 < p <= 1.0
+    mirrored = [-x for x in losses if x != 0] + [0.0] * losses.count(0.0)
+    assert confirmation_summary(1, "k=0", rounds(mirrored))["sign_test_p"] == pytest.approx(p)
+
+
+def test_strongest_rival_is_the_fastest_fixed_k_other_than_the_tables() -> None:
+    samples = {"k=0": [100.0, 80.0], "k=1": [120.0, 95.0], "k=2": [118.0, 97.0],
+               "docs table": [200.0, 200.0], "measured table": [121.0, 96.0]}
+    assert strongest_rival(samples, 1) == "k=2"
+    assert strongest_rival(samples, 2) == "k=1"
+    assert strongest_rival({"k=0": [1.0], "measured table": [1.0]}, 0) is None
