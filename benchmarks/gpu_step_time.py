@@ -32,7 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from loadwise.measure.profile import Profile
-from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, best_table, goodput
+from loadwise.policy.goodput import (
+    Acceptance,
+    ModelError,
+    StepTimes,
+    best_table,
+    choose,
+    goodput_grid,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,12 +210,12 @@ def tables(times: dict[tuple[int, int], float], profile: Profile,
     for name, acc in accs.items():
         top = min(st.max_k, acc.max_k)
         table, _ = best_table(st, acc, max_b, top)
+        grid = goodput_grid(st.batch_sizes, st, acc, top)
         per_b = {}
         for b in st.batch_sizes:
-            g = {k: goodput(b, k, st, acc) for k in range(top + 1)}
-            best = max(g, key=lambda kk: g[kk])
-            per_b[str(b)] = {"best_k": best, "speedup_vs_k0": g[best] / g[0],
-                             "goodput_tok_s": {str(kk): v for kk, v in g.items()}}
+            best = choose(b, st, acc, top)
+            per_b[str(b)] = {"best_k": best.k, "speedup_vs_k0": best.goodput_tok_s / grid[(b, 0)],
+                             "goodput_tok_s": {str(k): grid[(b, k)] for k in range(top + 1)}}
         out[name] = {"table": table.to_vllm(), "acceptance": list(acc.prefix_accept),
                      "draft_rate": acc.draft_rate, "per_batch_size": per_b}
     return out

@@ -173,13 +173,6 @@ def run_evaluate(
                 "configs": {},
             }
 
-            def predict(k: int, c: int = c, acc: Acceptance = acc,
-                        prompt_per_output: float = prompt_per_output) -> float:
-                if profile.prefill_s_per_token is None:
-                    return goodput(c, k, times, acc)
-                return closed_loop_throughput(c, k, times, acc, profile.prefill_s_per_token,
-                                              prompt_per_output)
-
             for name, table in configs:
                 s = stats[name]
                 loss = 1.0 - rel_median[name] / rel_median[best]
@@ -187,7 +180,8 @@ def run_evaluate(
                 paired = [1.0 - x / y for x, y in zip(samples[c][name], samples[c][best])]
                 k = table.lookup(c)
                 decode_only = goodput(c, k, times, acc)
-                predicted = predict(k)
+                predicted = _predicted(c, k, times, acc, profile.prefill_s_per_token,
+                                       prompt_per_output)
                 entry["configs"][name] = {
                     "table": table.to_vllm(), "samples_tok_s": samples[c][name],
                     "relative_samples": rel[name],
@@ -204,7 +198,8 @@ def run_evaluate(
                     # measurement, and the model for everything the table choice rests on.
                     # None for k=0 itself (it would be its own measurement).
                     "predicted_anchored_k0_tok_s": None if name == "k=0" else (
-                        stats["k=0"].median * predicted / predict(0)),
+                        stats["k=0"].median * predicted / _predicted(
+                            c, 0, times, acc, profile.prefill_s_per_token, prompt_per_output)),
                     "predicted_decode_only_tok_s": decode_only,
                     # Diagnostics: the same model fed the batch sizes and prefills that really
                     # occurred in the window (separates occupancy from step-time error).
@@ -269,6 +264,15 @@ def run_evaluate(
     add_equivalence(out)
     out["prediction"] = prediction_summary(out)
     return out
+
+
+def _predicted(c: int, k: int, times: StepTimes, acc: Acceptance,
+               prefill_s_per_token: float | None, prompt_per_output: float) -> float:
+    """The profile's closed-loop throughput at load c and draft length k (decode only when the
+    tune measured no prefill price)."""
+    if prefill_s_per_token is None:
+        return goodput(c, k, times, acc)
+    return closed_loop_throughput(c, k, times, acc, prefill_s_per_token, prompt_per_output)
 
 
 def strongest_rival(samples: dict[str, list[float]], table_k: int) -> str | None:
