@@ -222,7 +222,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
                      warmup_s=args.warmup, max_tokens=args.max_tokens,
                      retime_rounds=args.retime_rounds, aligned=args.windows == "aligned",
-                     confirm_rounds=args.confirm_rounds)
+                     confirm_rounds=args.confirm_rounds, target_loss=args.target_loss)
     names = args.workload or sorted(profile.acceptance)
     workloads = resolve_many(names)
     for w in workloads:
@@ -250,7 +250,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         t = Table(title=f"{name}: measured table {res['measured_table']}")
         for col in ("load", "best fixed k", "tok/s", "noise", "docs table loss (paired)",
                     "measured table loss (paired)", "measured table ≡ (pooled loss)",
-                    "confirmation: table vs fastest other k", "prediction error (measured table)"):
+                    "confirmation: table vs fastest other k",
+                    f"target ≤{cfg.target_loss:.0%}", "prediction error (measured table)"):
             t.add_column(col, justify="right")
 
         def fmt(c: dict[str, Any]) -> str:
@@ -266,10 +267,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             conf = ("-" if not cf or cf["rival"] is None else
                     f"k={cf['table_k']} vs {cf['rival']}: {cf['median_loss']:+.1%} "
                     f"[{cf['min_loss']:+.1%}, {cf['max_loss']:+.1%}] p={cf['sign_test_p']:.2f}")
+            v = e["verdict"]
+            verdict = v["status"] + (f" ({v['loss_median']:.1%}, {v['coverage']:.0%} interval "
+                                     f"{v['interval'][0]:.1%}..{v['interval'][1]:.1%})"
+                                     if "interval" in v else "")
             t.add_row(str(e["load"]), e["best_fixed"], f"{e['best_fixed_tok_s']:.1f}",
-                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same, conf,
+                      f"±{e['noise_rel'] / 2:.1%}", fmt(d), fmt(m), same, conf, verdict,
                       f"{m['prediction_rel_error']:+.1%}")
         console.print(t)
+    vd = results["verdict"]
+    console.print(f"target (measured table ≤{vd['target_loss']:.0%} slower than the best fixed k): "
+                  f"met at {vd['met']}, missed at {vd['missed']}, unresolved (inside the noise) "
+                  f"at {vd['unresolved']} of {vd['met'] + vd['missed'] + vd['unresolved']} loads")
     labels = {"predicted_tok_s": "profile (tune's T and acceptance)",
               "predicted_observed_mix_tok_s": "profile, fed the batches/prefills that really ran",
               "predicted_retimed_tok_s": "T re-timed before each load, tune's acceptance",
@@ -398,10 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
                     help="rounds of T(c, k) re-timed before each load, to separate the model's "
                     "prediction error from machine drift since the tune (0: off; default 2)")
-    ev.add_argument("--confirm-rounds", type=_nonneg_int, default=4,
+    ev.add_argument("--confirm-rounds", type=_nonneg_int, default=6,
                     help="after each load: rounds of 4 fresh windows (ABBA) of the measured "
                     "table against the fastest other fixed k, scored on new windows "
-                    "(0: off; default 4)")
+                    "(0: off; default 6: the fewest whose min..max interval of the median "
+                    "round loss has >= 90%% coverage)")
+    ev.add_argument("--target-loss", type=float, default=0.03,
+                    help="the target: measured table at most this fraction slower than the "
+                    "best fixed k (default 0.03); each load is judged met / missed / unresolved "
+                    "on a 90%% interval of its median round loss")
     ev.add_argument("--out", default="benchmarks/results")
     ev.set_defaults(func=cmd_evaluate)
 

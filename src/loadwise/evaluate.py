@@ -23,6 +23,7 @@ from loadwise.measure.records import StepRecord
 from loadwise.measure.stats import (
     AcceptanceCounter,
     decode_part_s,
+    median_interval,
     prefill_s_per_token,
     summarize,
 )
@@ -64,7 +65,12 @@ class EvalConfig:
     # and the fastest *other* fixed k in ABBA / BAAB order (a linear drift cancels), scored
     # on new windows so the pick of the rival does not bias its score (the fastest of five
     # noisy medians is biased upward). 0 turns it off.
-    confirm_rounds: int = 4
+    confirm_rounds: int = 6
+    # The issue's target: the measured table at most this much slower than the best fixed k.
+    # Judged per load on a distribution-free interval for the median round loss (see
+    # add_verdicts), at this confidence.
+    target_loss: float = 0.03
+    verdict_confidence: float = 0.9
 
     def __post_init__(self) -> None:
         if not self.loads or min(self.loads) < 1:
@@ -75,6 +81,10 @@ class EvalConfig:
             raise ValueError(f"retime_rounds must be >= 0, got {self.retime_rounds}")
         if self.confirm_rounds < 0:
             raise ValueError(f"confirm_rounds must be >= 0, got {self.confirm_rounds}")
+        if not 0.0 <= self.target_loss < 1.0:
+            raise ValueError(f"target_loss is a fraction in [0, 1), got {self.target_loss}")
+        if not 0.0 < self.verdict_confidence < 1.0:
+            raise ValueError(f"verdict_confidence must be in (0, 1), got {self.verdict_confidence}")
 
 
 def configurations(profile: Profile, workload: str) -> list[tuple[str, DraftLengthTable]]:
@@ -116,6 +126,9 @@ def run_evaluate(
         window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
         confirmations: dict[int, dict[str, Any]] = {}
+        # Per load: the configurations of each repeat in the order they ran (so a carry-over
+        # from one window to the next can be checked from the file).
+        window_order: dict[int, list[list[str]]] = {c: [] for c in cfg.loads}
         for c in cfg.loads:
             if cfg.retime_rounds:
                 retimed[c] = retime(engine, times, c, cfg)
@@ -134,6 +147,7 @@ def run_evaluate(
                     order = configs[shift:] + configs[:shift]
                     if r % 2:
                         order = order[::-1]
+                    window_order[c].append([name for name, _ in order])
                     for name, table in order:
                         engine.set_table(table)
                         # Same prompt sequence for every configuration of this repeat.
@@ -167,7 +181,7 @@ def run_evaluate(
             best = max(fixed, key=lambda n: rel_median[n])
             noise = (max(rel[best]) - min(rel[best])) / rel_median[best]
             entry: dict[str, Any] = {
-                "load": c, "best_fixed": best, "best_fixed_tok_s": stats[best].median,
+                "load": c, "window_order": window_order[c], "best_fixed": best, "best_fixed_tok_s": stats[best].median,
                 "noise_rel": noise, "unpaired_noise_rel": (
                     max(samples[c][best]) - min(samples[c][best])) / stats[best].median,
                 "configs": {},
@@ -262,6 +276,7 @@ def run_evaluate(
         }
     out = {"config": asdict(cfg), "docs_table": DOCS_TABLE, "workloads": results}
     add_equivalence(out)
+    add_verdicts(out, cfg.target_loss, cfg.verdict_confidence)
     out["prediction"] = prediction_summary(out)
     return out
 
@@ -324,6 +339,59 @@ def confirmation_summary(table_k: int, rival: str,
             "windows_tok_s": list(windows), "median_loss": med, "min_loss": min(losses),
             "max_loss": max(losses), "sign_test_p": min(1.0, 2 * tail),
             "loss_vs_best_fixed": max(0.0, med)}
+
+
+# Fewer than 3 rounds give no interval that holds the median at least 3 times in 4 (2 rounds:
+# 1/2, 1 round: 0): such a load is reported unresolved whatever its losses.
+MIN_VERDICT_COVERAGE = 0.75
+
+
+def load_verdict(losses: Sequence[float], target_loss: float,
+                 confidence: float) -> dict[str, Any]:
+    """The target judged on per-round losses of the measured table (1 - table / rival):
+    ``met`` when the whole confidence interval of the median loss is at or below
+    ``target_loss``, ``missed`` when all of it is above, ``unresolved`` when it straddles the
+    target (the machine's noise is larger than the difference being asked about) or when the
+    rounds are too few for any interval to mean much (below MIN_VERDICT_COVERAGE). A negative
+    loss (table faster) counts as 0: the table's own k is then the fastest fixed k."""
+    iv = median_interval(losses, confidence)
+    status = ("unresolved" if iv.coverage < MIN_VERDICT_COVERAGE else
+              "met" if iv.high <= target_loss else
+              "missed" if iv.low > target_loss else "unresolved")
+    return {"status": status, "target_loss": target_loss, "n": len(losses),
+            "loss_median": max(0.0, summarize(losses).median),
+            "interval": [max(0.0, iv.low), max(0.0, iv.high)], "coverage": iv.coverage}
+
+
+def add_verdicts(results: dict[str, Any], target_loss: float = 0.03,
+                 confidence: float = 0.9) -> dict[str, Any]:
+    """Per load, the target verdict (``load_verdict``) on the confirmation's round losses (the
+    table head-to-head with the fastest other fixed k on fresh windows), or without a
+    confirmation on the repeats' paired losses against the best fixed k (biased against the
+    table: that k was picked as the fastest of several noisy medians). Per workload and
+    overall: how many loads were met / missed / unresolved. Works on older result files."""
+    counts_all = {"met": 0, "missed": 0, "unresolved": 0}
+    for res in results["workloads"].values():
+        counts = {"met": 0, "missed": 0, "unresolved": 0}
+        for e in res["loads"]:
+            cf = e.get("confirmation")
+            if cf and cf.get("rival") is None:
+                v: dict[str, Any] = {"status": "met", "target_loss": target_loss,
+                                     "source": "no other fixed k"}
+            elif cf:
+                v = load_verdict(cf["round_losses"], target_loss, confidence)
+                v["source"] = f"confirmation vs {cf['rival']}"
+            else:
+                v = load_verdict(e["configs"]["measured table"]["paired_loss"]["samples"],
+                                 target_loss, confidence)
+                v["source"] = f"repeats vs {e['best_fixed']}"
+            e["verdict"] = v
+            counts[v["status"]] += 1
+        res["verdict"] = dict(counts, target_loss=target_loss, loads=len(res["loads"]))
+        for key, n in counts.items():
+            counts_all[key] += n
+    results["verdict"] = dict(counts_all, target_loss=target_loss, confidence=confidence)
+    return results
 
 
 def relative_to_repeat(samples: dict[str, list[float]]) -> dict[str, list[float]]:

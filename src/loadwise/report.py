@@ -27,7 +27,8 @@ def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
                        "per_position": list(acc.conditional())},
         "choices": [
             {"batch_size": c.batch_size, "k": c.k, "goodput_tok_s": c.goodput_tok_s,
-             "runner_up_k": c.runner_up_k, "margin": c.margin}
+             "runner_up_k": c.runner_up_k, "margin": c.margin,
+             "smoothed_from": c.smoothed_from}
             for c in choices if c.batch_size in times.batch_sizes
         ],
         "goodput_tok_s": [{"batch_size": b, "k": k, "value": v} for (b, k), v in sorted(grid.items())],
@@ -80,8 +81,14 @@ def write_reports(profile: Profile, out_dir: Path, console: Console) -> dict[str
         DraftLengthTable.parse(rep["table"], profile.max_k).dump(out_dir / f"table-{name}.json")
         heatmap(profile, rep, out_dir / f"heatmap-{name}.png")
         print_workload(rep, console)
+    measured, fitted = profile.step_times(fitted=False), profile.step_times()
     (out_dir / "report.json").write_text(json.dumps(
-        {"profile": "profile.json", "workloads": reports, "meta": dict(profile.meta)}, indent=1))
+        {"profile": "profile.json", "workloads": reports, "meta": dict(profile.meta),
+         # Tables come from the fitted T (never cheaper with more drafts or a bigger batch);
+         # both are here so a fitted point can be traced back to its measurement.
+         "step_time_s": [{"batch_size": b, "k": k, "measured": t,
+                          "fitted": fitted.step_time_s[(b, k)]}
+                         for (b, k), t in sorted(measured.step_time_s.items())]}, indent=1))
     print_step_times(profile, console)
     return reports
 
@@ -90,18 +97,28 @@ def print_workload(rep: dict[str, Any], console: Console) -> None:
     acc = rep["acceptance"]
     t = Table(title=f"workload {rep['workload']}: draft rate {acc['draft_rate']:.2f}, "
                     f"per-position acceptance {', '.join(f'{a:.2f}' for a in acc['per_position'])}")
-    for col in ("batch size", "best k", "goodput tok/s", "runner-up k", "margin"):
+    for col in ("batch size", "table k", "goodput tok/s", "runner-up k", "margin"):
         t.add_column(col, justify="right")
+    smoothed = False
     for c in rep["choices"]:
-        t.add_row(str(c["batch_size"]), str(c["k"]), f"{c['goodput_tok_s']:.1f}",
+        k = str(c["k"])
+        if c.get("smoothed_from") is not None:
+            k += "*"
+            smoothed = True
+        t.add_row(str(c["batch_size"]), k, f"{c['goodput_tok_s']:.1f}",
                   "-" if c["runner_up_k"] is None else str(c["runner_up_k"]), f"{c['margin']:.1%}")
     console.print(t)
+    if smoothed:
+        console.print("*: not the pointwise best k (the runner-up column), which is ahead by the "
+                      "negative margin shown, under 1 %: a k that rises again with the batch size "
+                      "is a tie inside the step-time noise, so the table keeps falling")
     console.print(f"table for {rep['workload']}: [bold]{json.dumps(rep['table'])}[/]")
     console.print("--speculative-config '" + json.dumps(rep["speculative_config"]) + "'")
 
 
 def print_step_times(profile: Profile, console: Console) -> None:
     bs = sorted({b for b, _ in profile.step_samples_s})
+    fitted = profile.step_times()
     t = Table(title="measured step time T(b, k), ms: median (IQR/median), drafts/req")
     t.add_column("k \\ b", justify="right")
     for b in bs:
@@ -110,6 +127,13 @@ def print_step_times(profile: Profile, console: Console) -> None:
         row = []
         for b in bs:
             s = summarize(profile.step_samples_s[(b, k)])
-            row.append(f"{s.median * 1e3:.0f} ({s.rel_spread:.0%}) {profile.drafts_per_req[(b, k)]:.1f}")
+            f = fitted.step_time_s[(b, k)]
+            # A fitted value that differs from the median is shown next to it.
+            fit = f" → {f * 1e3:.0f}" if abs(f - s.median) > 5e-4 else ""
+            row.append(f"{s.median * 1e3:.0f}{fit} ({s.rel_spread:.0%}) "
+                       f"{profile.drafts_per_req[(b, k)]:.1f}")
         t.add_row(str(k), *row)
     console.print(t)
+    if fitted.step_time_s != profile.step_times(fitted=False).step_time_s:
+        console.print("→: the fit the tables use (a step never gets cheaper with more drafts or "
+                      "a bigger batch; inverted medians meet at their mean)")

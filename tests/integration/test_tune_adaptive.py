@@ -79,6 +79,13 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert [len(g["table"]) for g in conf["windows_tok_s"]] == [2]
     assert all(x > 0 for g in conf["windows_tok_s"] for x in g["table"] + g["rival"])
     assert len(conf["round_losses"]) == 1 and conf["loss_vs_best_fixed"] >= 0
+    # The verdict comes from the confirmation; one round is too few to claim anything.
+    v = entry["verdict"]
+    assert v["source"] == f"confirmation vs {conf['rival']}" and v["n"] == 1
+    assert v["status"] == "unresolved" and v["coverage"] == 0.0
+    assert out["verdict"]["unresolved"] == 1
+    # The one repeat ran every configuration once, in the order recorded.
+    assert sorted(entry["window_order"][0]) == sorted(entry["configs"])
     # Re-timing measured T(2, k) for every k on the same engine, just before the load.
     assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5

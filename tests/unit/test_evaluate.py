@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from loadwise.evaluate import (
     _mean_decode_batch,
     _mix_prediction,
+    add_verdicts,
     confirmation_summary,
+    load_verdict,
     merge_retimed,
     prediction_summary,
     relative_to_repeat,
@@ -185,3 +187,40 @@ def test_strongest_rival_is_the_fastest_fixed_k_other_than_the_tables() -> None:
     assert strongest_rival(samples, 1) == "k=2"
     assert strongest_rival(samples, 2) == "k=1"
     assert strongest_rival({"k=0": [1.0], "measured table": [1.0]}, 0) is None
+
+
+def test_verdict_met_missed_or_unresolved_by_where_the_interval_lies() -> None:
+    # 6 rounds: the (min, max) interval, coverage 1 - 2/64.
+    met = load_verdict([0.01, -0.02, 0.0, 0.025, -0.01, 0.005], 0.03, 0.9)
+    assert met["status"] == "met" and met["coverage"] == pytest.approx(62 / 64)
+    assert met["interval"] == [0.0, 0.025]  # a faster table counts as no loss
+    assert load_verdict([0.04, 0.05, 0.06, 0.035, 0.07, 0.045], 0.03, 0.9)["status"] == "missed"
+    unres = load_verdict([0.01, 0.05, 0.02, 0.04, 0.0, 0.06], 0.03, 0.9)
+    assert unres["status"] == "unresolved" and unres["loss_median"] == pytest.approx(0.03)
+    # Too few rounds for the confidence: the widest interval, and its real (lower) coverage.
+    few = load_verdict([0.0, 0.01, 0.02], 0.03, 0.9)
+    assert few["status"] == "met" and few["coverage"] == pytest.approx(0.75)
+    # Below 3 rounds nothing is claimed either way.
+    assert load_verdict([0.0, 0.01], 0.03, 0.9)["status"] == "unresolved"
+    assert load_verdict([0.5], 0.03, 0.9)["status"] == "unresolved"
+
+
+def _results(loads: list[dict]) -> dict:
+    return {"workloads": {"w": {"loads": loads}}}
+
+
+def test_add_verdicts_uses_the_confirmation_else_the_repeats_and_counts_them() -> None:
+    table = {"measured table": {"paired_loss": {"samples": [0.10, 0.12, 0.08, 0.11, 0.09]}}}
+    loads = [
+        {"load": 1, "best_fixed": "k=3", "configs": table,
+         "confirmation": {"rival": "k=3", "round_losses": [0.0, 0.01, -0.01, 0.02, 0.0, 0.01]}},
+        {"load": 4, "best_fixed": "k=3", "configs": table},  # no confirmation: the repeats
+        {"load": 8, "best_fixed": "k=0", "configs": table, "confirmation": {"rival": None}},
+    ]
+    out = add_verdicts(_results(loads), 0.03, 0.9)
+    got = [e["verdict"] for e in out["workloads"]["w"]["loads"]]
+    assert [v["status"] for v in got] == ["met", "missed", "met"]
+    assert got[0]["source"] == "confirmation vs k=3" and got[1]["source"] == "repeats vs k=3"
+    assert out["workloads"]["w"]["verdict"] == {"met": 2, "missed": 1, "unresolved": 0,
+                                               "target_loss": 0.03, "loads": 3}
+    assert out["verdict"]["met"] == 2 and out["verdict"]["missed"] == 1

@@ -37,9 +37,13 @@ class Profile:
     # Extra seconds per prefilled prompt token in a mixed step (None: not measured).
     prefill_s_per_token: float | None = None
 
-    def step_times(self) -> StepTimes:
-        return StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()},
-                         dict(self.drafts_per_req))
+    def step_times(self, fitted: bool = True) -> StepTimes:
+        """Median T(b, k) of the timed samples; ``fitted`` (what every decision uses): the
+        medians fitted to never fall with more drafts or a bigger batch
+        (``StepTimes.monotone``), so one noisy median cannot flip a choice of k."""
+        raw = StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()},
+                        dict(self.drafts_per_req))
+        return raw.monotone() if fitted else raw
 
     def acceptance_for(self, workload: str) -> Acceptance:
         if workload not in self.acceptance:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,39 @@ def summarize(samples: Sequence[float]) -> Summary:
     q = statistics.quantiles(s, n=4, method="inclusive")
     return Summary(statistics.median(s), q[0], q[2], len(s))
 
+
+
+@dataclass(frozen=True, slots=True)
+class MedianInterval:
+    """A distribution-free confidence interval for a median: the order statistics
+    ``x_(j) <= median <= x_(n+1-j)``; ``coverage`` is the probability that such an interval
+    holds the true median of any continuous distribution: 1 - 2 P(Binomial(n, 1/2) < j)."""
+
+    low: float
+    high: float
+    coverage: float
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.9) -> MedianInterval:
+    """The narrowest symmetric order-statistic interval whose coverage is at least
+    ``confidence``. With too few samples for that (n=4 reaches 0.875 at most), the widest one,
+    (min, max), with the lower coverage it really has: the caller reports it, never rounds up.
+    Assumes independent samples (here: rounds of an interleaved comparison)."""
+    if not samples:
+        raise ValueError("no samples for a median interval")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    s = sorted(samples)
+    n = len(s)
+
+    def coverage(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / (1 << n)
+
+    j = 1
+    # Step inwards while the next interval still holds the confidence; j <= n + 1 - j.
+    while 2 * (j + 1) <= n + 1 and coverage(j + 1) >= confidence:
+        j += 1
+    return MedianInterval(s[j - 1], s[n - j], coverage(j))
 
 @dataclass(slots=True)
 class AcceptanceCounter:

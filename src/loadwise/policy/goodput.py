@@ -18,6 +18,7 @@ This module is pure Python: the tuner, the live vLLM plugin and replays share it
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,6 +208,74 @@ class StepTimes:
         return max(t, t1) if x > x1 else t
 
 
+    def monotone(self) -> StepTimes:
+        """The same grid fitted so a step never gets cheaper with more drafts or a bigger batch
+        (``monotone_step_times``); effective draft counts unchanged."""
+        return StepTimes(monotone_step_times(self.step_time_s), self.drafts_per_req)
+
+
+def _nondecreasing(ys: Sequence[float]) -> list[float]:
+    """Least-squares nondecreasing fit of ``ys`` (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks[-1]
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    out: list[float] = []
+    for m, n in blocks:
+        out += [m] * int(n)
+    return out
+
+
+def monotone_step_times(step_time_s: Mapping[tuple[int, int], float], max_rounds: int = 1000,
+                        tol_s: float = 1e-12) -> dict[tuple[int, int], float]:
+    """Least-squares fit of measured step times on a full (b, k) grid that is nondecreasing in
+    k at every b and in b at every k.
+
+    Why: verifying more drafts, or decoding more requests, is never less work, yet medians
+    of a noisy machine sometimes say so (a tune with T(4, 3) = 60 ms and T(4, 4) = 57 ms chose
+    k = 3 at b = 4 and k = 4 on both sides of it). Fitting the physics in removes such blips
+    without moving a curve that already obeys it; where two points are inverted they meet at
+    their mean. Computed by Dykstra's alternating projections onto the two monotone cones
+    (exact 2-D isotonic regression in the limit); every constant grid lies in both cones, so
+    the fit keeps the grid's mean."""
+    if not step_time_s:
+        raise ModelError("no step times measured")
+    bs = sorted({b for b, _ in step_time_s})
+    ks = sorted({k for _, k in step_time_s})
+    if len(step_time_s) != len(bs) * len(ks):
+        raise ModelError("monotone fit needs a full grid of batch sizes x draft lengths")
+    x = {key: float(t) for key, t in step_time_s.items()}
+    p = dict.fromkeys(x, 0.0)
+    q = dict.fromkeys(x, 0.0)
+    for _ in range(max_rounds):
+        # Project onto "nondecreasing in k" (rows), then "nondecreasing in b" (columns).
+        y = {key: x[key] + p[key] for key in x}
+        u: dict[tuple[int, int], float] = {}
+        for b in bs:
+            for k, v in zip(ks, _nondecreasing([y[(b, k)] for k in ks])):
+                u[(b, k)] = v
+        p = {key: y[key] - u[key] for key in x}
+        z = {key: u[key] + q[key] for key in x}
+        new: dict[tuple[int, int], float] = {}
+        for k in ks:
+            for b, v in zip(bs, _nondecreasing([z[(b, k)] for b in bs])):
+                new[(b, k)] = v
+        q = {key: z[key] - new[key] for key in x}
+        change = max(abs(new[key] - x[key]) for key in x)
+        x = new
+        if change <= tol_s:
+            break
+    # The last projection is onto the columns; finish the rows exactly (a residue of the
+    # order of tol_s may remain there before convergence).
+    for b in bs:
+        for k, v in zip(ks, _nondecreasing([x[(b, k)] for k in ks])):
+            x[(b, k)] = v
+    return x
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     batch_size: int
@@ -214,6 +283,9 @@ class Choice:
     goodput_tok_s: float
     runner_up_k: int | None
     margin: float  # goodput(best) / goodput(runner-up) - 1; 0 when only one k exists
+    # Set where the table's shape overrode the pointwise argmax (see best_table): that argmax.
+    # runner_up_k is then the argmax and margin (<= 0) what this choice gives up against it.
+    smoothed_from: int | None = None
 
 
 def goodput(b: float, k: int, times: StepTimes, acc: Acceptance) -> float:
@@ -250,14 +322,67 @@ def choose(b: int, times: StepTimes, acc: Acceptance, max_k: int | None = None) 
     return Choice(b, -neg_k, best_g, -neg_k2, best_g / second_g - 1.0)
 
 
+# A table whose k rises again with the batch size is kept only if forcing it to fall costs
+# more than this much goodput at some batch size (by the model); below, the rise is a tie
+# inside the step-time noise (a tune's margins at such points: 0.5-1.5 %).
+MONOTONE_TOLERANCE = 0.01
+
+
+def nonincreasing_choice(goodputs: Sequence[Sequence[float]]) -> tuple[list[int], float]:
+    """For batch sizes 1..N (``goodputs[b - 1][k]``), the k per batch size that never grows
+    with the batch size and gives up the least goodput in total against each batch size's own
+    best k (relative loss summed over batch sizes; dynamic programme over b). Returns the
+    sequence and its largest relative loss at any one batch size. Ties go to the larger k
+    at the smallest batch size, which keeps an already nonincreasing argmax as it is."""
+    if not goodputs:
+        raise ModelError("no batch sizes to choose for")
+    num_k = len(goodputs[0])
+    loss = [[1.0 - g[k] / max(g) if max(g) > 0 else 0.0 for k in range(num_k)] for g in goodputs]
+    # total[k]: least summed loss of batch sizes 1..b with k at b; from[b][k]: k at b - 1.
+    total = list(loss[0])
+    came_from: list[list[int]] = [[k for k in range(num_k)]]
+    for b in range(1, len(goodputs)):
+        new_total, back = [], []
+        for k in range(num_k):
+            # The previous batch size may use any k' >= k; the smallest total wins, ties to
+            # the k' nearest k (fewest changes).
+            prev = min(range(k, num_k), key=lambda j: (total[j], j - k))
+            new_total.append(total[prev] + loss[b][k])
+            back.append(prev)
+        total = new_total
+        came_from.append(back)
+    k = min(range(num_k), key=lambda j: (total[j], -j))
+    ks = [k]
+    for b in range(len(goodputs) - 1, 0, -1):
+        k = came_from[b][k]
+        ks.append(k)
+    ks.reverse()
+    return ks, max(loss[b][k] for b, k in enumerate(ks))
+
+
 def best_table(
-    times: StepTimes, acc: Acceptance, max_batch_size: int, max_k: int | None = None
+    times: StepTimes, acc: Acceptance, max_batch_size: int, max_k: int | None = None,
+    monotone_tolerance: float = MONOTONE_TOLERANCE,
 ) -> tuple[DraftLengthTable, list[Choice]]:
-    """The highest-goodput k for every batch size 1..max_batch_size, compacted into ranges."""
+    """The highest-goodput k for every batch size 1..max_batch_size, compacted into ranges.
+
+    Spare compute shrinks as the batch grows, so the best k should not rise with b; where the
+    pointwise argmax does rise and the nearest table that does not costs at most
+    ``monotone_tolerance`` of goodput at every batch size, that table is used instead (a rise
+    that small is a tie decided by step-time noise, and a table that flips k back and forth
+    is one nobody can trust). A larger cost keeps the argmax: the model says the rise is real."""
     if max_batch_size < 1:
         raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}")
     top = _usable_max_k(times, acc, max_k)
     choices = [choose(b, times, acc, top) for b in range(1, max_batch_size + 1)]
+    ks = [c.k for c in choices]
+    if any(later > earlier for earlier, later in itertools.pairwise(ks)):
+        grid = [[goodput(c.batch_size, k, times, acc) for k in range(top + 1)] for c in choices]
+        smooth, worst = nonincreasing_choice(grid)
+        if worst <= monotone_tolerance:
+            choices = [c if k == c.k else Choice(
+                c.batch_size, k, g[k], c.k, g[k] / c.goodput_tok_s - 1.0, smoothed_from=c.k)
+                for c, k, g in zip(choices, smooth, grid)]
     table = DraftLengthTable.from_mapping({c.batch_size: c.k for c in choices}, top)
     return table, choices
 
