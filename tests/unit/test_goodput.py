@@ -244,3 +244,21 @@ def test_monotone_step_times_leave_a_monotone_grid_alone_and_pool_an_inversion()
     assert fit[(4, 1)] == pytest.approx((grid[(4, 1)] + grid[(4, 2)]) / 2)
     with pytest.raises(ModelError, match="full grid"):
         monotone_step_times({(1, 0): 1.0, (1, 1): 2.0, (2, 0): 1.0})
+
+
+@given(st.integers(1, 6).flatmap(lambda n: st.integers(1, 4).flatmap(
+    lambda kk: st.lists(st.lists(st.floats(0.1, 10.0), min_size=kk, max_size=kk),
+                        min_size=n, max_size=n))))
+def test_nonincreasing_choice_is_the_least_total_loss_among_falling_tables(grid) -> None:
+    import itertools
+
+    ks, worst = nonincreasing_choice(grid)
+    assert ks == sorted(ks, reverse=True)
+
+    def total(seq) -> float:
+        return sum(1 - g[k] / max(g) for g, k in zip(grid, seq))
+
+    falling = [seq for seq in itertools.product(range(len(grid[0])), repeat=len(grid))
+               if list(seq) == sorted(seq, reverse=True)]
+    assert total(ks) == pytest.approx(min(total(s) for s in falling), abs=1e-12)
+    assert worst == pytest.approx(max(1 - g[k] / max(g) for g, k in zip(grid, ks)))
