@@ -247,22 +247,17 @@ def monotone_step_times(step_time_s: Mapping[tuple[int, int], float], max_rounds
     ks = sorted({k for _, k in step_time_s})
     if len(step_time_s) != len(bs) * len(ks):
         raise ModelError("monotone fit needs a full grid of batch sizes x draft lengths")
+    rows = [[(b, k) for k in ks] for b in bs]  # each nondecreasing in k
+    cols = [[(b, k) for b in bs] for k in ks]  # each nondecreasing in b
     x = {key: float(t) for key, t in step_time_s.items()}
     p = dict.fromkeys(x, 0.0)
     q = dict.fromkeys(x, 0.0)
     for _ in range(max_rounds):
-        # Project onto "nondecreasing in k" (rows), then "nondecreasing in b" (columns).
         y = {key: x[key] + p[key] for key in x}
-        u: dict[tuple[int, int], float] = {}
-        for b in bs:
-            for k, v in zip(ks, _nondecreasing([y[(b, k)] for k in ks])):
-                u[(b, k)] = v
+        u = _fit_lines(y, rows)
         p = {key: y[key] - u[key] for key in x}
         z = {key: u[key] + q[key] for key in x}
-        new: dict[tuple[int, int], float] = {}
-        for k in ks:
-            for b, v in zip(bs, _nondecreasing([z[(b, k)] for b in bs])):
-                new[(b, k)] = v
+        new = _fit_lines(z, cols)
         q = {key: z[key] - new[key] for key in x}
         change = max(abs(new[key] - x[key]) for key in x)
         x = new
@@ -270,10 +265,16 @@ def monotone_step_times(step_time_s: Mapping[tuple[int, int], float], max_rounds
             break
     # The last projection is onto the columns; finish the rows exactly (a residue of the
     # order of tol_s may remain there before convergence).
-    for b in bs:
-        for k, v in zip(ks, _nondecreasing([x[(b, k)] for k in ks])):
-            x[(b, k)] = v
-    return x
+    return _fit_lines(x, rows)
+
+
+def _fit_lines(values: Mapping[tuple[int, int], float],
+               lines: Sequence[Sequence[tuple[int, int]]]) -> dict[tuple[int, int], float]:
+    """``values`` with each line (a sequence of grid keys) replaced by its nondecreasing fit."""
+    out: dict[tuple[int, int], float] = {}
+    for line in lines:
+        out.update(zip(line, _nondecreasing([values[key] for key in line])))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
