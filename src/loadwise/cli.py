@@ -410,8 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--confirm-rounds", type=_nonneg_int, default=6,
                     help="after each load: rounds of 4 fresh windows (ABBA) of the measured "
                     "table against the fastest other fixed k, scored on new windows "
-                    "(0: off; default 6: the fewest whose min..max interval of the median "
-                    "round loss has >= 90%% coverage)")
+                    "(0: off; default 6: even, so ABBA and BAAB rounds balance, and the "
+                    "min..max interval of 6 round losses holds their median with 97%% coverage)")
     ev.add_argument("--target-loss", type=float, default=0.03,
                     help="the target: measured table at most this fraction slower than the "
                     "best fixed k (default 0.03); each load is judged met / missed / unresolved "
