@@ -224,3 +224,16 @@ def test_add_verdicts_uses_the_confirmation_else_the_repeats_and_counts_them() -
     assert out["workloads"]["w"]["verdict"] == {"met": 2, "missed": 1, "unresolved": 0,
                                                "target_loss": 0.03, "loads": 3}
     assert out["verdict"]["met"] == 2 and out["verdict"]["missed"] == 1
+
+
+def test_eval_config_rejects_a_target_or_confidence_that_is_not_a_fraction() -> None:
+    from loadwise.evaluate import EvalConfig
+
+    with pytest.raises(ValueError, match="target_loss"):
+        EvalConfig(target_loss=1.5)
+    with pytest.raises(ValueError, match="target_loss"):
+        EvalConfig(target_loss=-0.01)
+    with pytest.raises(ValueError, match="verdict_confidence"):
+        EvalConfig(verdict_confidence=1.0)
+    with pytest.raises(ValueError, match="confirm_rounds"):
+        EvalConfig(confirm_rounds=-1)
