@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadwise.evaluate import EvalConfig, _window, step_time_ratio
+from loadwise.evaluate import EvalConfig, _window, settle_window_tokens, step_time_ratio
 from loadwise.measure.profile import Profile
 from loadwise.measure.workloads import builtin
 from loadwise.policy.table import DraftLengthTable
@@ -105,11 +105,7 @@ def main() -> int:
     loop = engine.open_loop(w.cycle(1000), concurrency=args.load, max_tokens=cfg.max_tokens)
     try:
         # As evaluate: settle under the measured table, windows end on duration's token count.
-        engine.set_table(table)
-        n0, s0 = loop.tokens_total, time.perf_counter()
-        loop.settle(cfg.settle_max_s)
-        rate = (loop.tokens_total - n0) / max(time.perf_counter() - s0, 1e-9)
-        window_tokens = max(args.load, round(rate * cfg.duration_s))
+        window_tokens = settle_window_tokens(engine, loop, table, args.load, cfg)
         for r in range(args.rounds):
             prev = None
             for name in ORDER_A if r % 2 == 0 else ORDER_B:

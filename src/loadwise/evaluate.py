@@ -136,12 +136,7 @@ def run_evaluate(
             loop = engine.open_loop(w.cycle(cfg.seed + 1000), concurrency=c,
                                     max_tokens=cfg.max_tokens)
             try:
-                engine.set_table(configs[-1][1])
-                tokens0, t0 = loop.tokens_total, time.perf_counter()
-                loop.settle(cfg.settle_max_s)
-                # Aligned windows end on this many tokens: duration_s at the settle's speed.
-                rate = (loop.tokens_total - tokens0) / max(time.perf_counter() - t0, 1e-9)
-                window_tokens = max(c, round(rate * cfg.duration_s))
+                window_tokens = settle_window_tokens(engine, loop, configs[-1][1], c, cfg)
                 for r in range(cfg.repeats):
                     shift = (r * 3) % len(configs)
                     order = configs[shift:] + configs[:shift]
@@ -279,6 +274,17 @@ def run_evaluate(
     add_verdicts(out, cfg.target_loss, cfg.verdict_confidence)
     out["prediction"] = prediction_summary(out)
     return out
+
+
+def settle_window_tokens(engine: TunableEngine, loop: Any, table: DraftLengthTable, c: int,
+                         cfg: EvalConfig) -> int:
+    """Settle the load's clients under ``table`` (the measured one) and return the token count
+    an aligned window ends on: ``duration_s`` at the speed the settle ran at."""
+    engine.set_table(table)
+    tokens0, t0 = loop.tokens_total, time.perf_counter()
+    loop.settle(cfg.settle_max_s)
+    rate = (loop.tokens_total - tokens0) / max(time.perf_counter() - t0, 1e-9)
+    return max(c, int(round(rate * cfg.duration_s)))
 
 
 def _predicted(c: int, k: int, times: StepTimes, acc: Acceptance,

@@ -119,6 +119,7 @@ def print_workload(rep: dict[str, Any], console: Console) -> None:
 def print_step_times(profile: Profile, console: Console) -> None:
     bs = sorted({b for b, _ in profile.step_samples_s})
     fitted = profile.step_times()
+    shown = False  # any fitted value printed next to its median
     t = Table(title="measured step time T(b, k), ms: median (IQR/median), drafts/req")
     t.add_column("k \\ b", justify="right")
     for b in bs:
@@ -130,10 +131,11 @@ def print_step_times(profile: Profile, console: Console) -> None:
             f = fitted.step_time_s[(b, k)]
             # A fitted value that differs from the median is shown next to it.
             fit = f" → {f * 1e3:.0f}" if abs(f - s.median) > 5e-4 else ""
+            shown = shown or bool(fit)
             row.append(f"{s.median * 1e3:.0f}{fit} ({s.rel_spread:.0%}) "
                        f"{profile.drafts_per_req[(b, k)]:.1f}")
         t.add_row(str(k), *row)
     console.print(t)
-    if fitted.step_time_s != profile.step_times(fitted=False).step_time_s:
+    if shown:
         console.print("→: the fit the tables use (a step never gets cheaper with more drafts or "
                       "a bigger batch; inverted medians meet at their mean)")
