@@ -222,7 +222,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = EvalConfig(loads=args.loads, repeats=args.repeats, duration_s=args.duration,
                      warmup_s=args.warmup, max_tokens=args.max_tokens,
                      retime_rounds=args.retime_rounds, aligned=args.windows == "aligned",
-                     confirm_rounds=args.confirm_rounds, target_loss=args.target_loss)
+                     confirm_rounds=args.confirm_rounds,
+                     confirm_max_rounds=args.confirm_max_rounds, target_loss=args.target_loss)
     names = args.workload or sorted(profile.acceptance)
     workloads = resolve_many(names)
     for w in workloads:
@@ -235,7 +236,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     templated = [w.map(engine.chat_prompt) for w in workloads]
     n_cfg = profile.max_k + 3
     total = len(workloads) * len(cfg.loads) * (cfg.repeats * n_cfg + (1 if cfg.retime_rounds else 0)
-                                                + 4 * cfg.confirm_rounds)
+                                                + 4 * max(cfg.looks, default=0))
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
@@ -266,7 +267,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             cf = e.get("confirmation")
             conf = ("-" if not cf or cf["rival"] is None else
                     f"k={cf['table_k']} vs {cf['rival']}: {cf['median_loss']:+.1%} "
-                    f"[{cf['min_loss']:+.1%}, {cf['max_loss']:+.1%}] p={cf['sign_test_p']:.2f}")
+                    f"[{cf['min_loss']:+.1%}, {cf['max_loss']:+.1%}] p={cf['sign_test_p']:.2f}"
+                    + (f", {len(cf['round_losses'])} of ≤{cf['looks'][-1]} rounds"
+                       if len(cf.get("looks", ())) > 1 else ""))
             v = e["verdict"]
             verdict = v["status"] + (f" ({v['loss_median']:.1%}, {v['coverage']:.0%} interval "
                                      f"{v['interval'][0]:.1%}..{v['interval'][1]:.1%})"
@@ -412,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "table against the fastest other fixed k, scored on new windows "
                     "(0: off; default 6: even, so ABBA and BAAB rounds balance, and the "
                     "min..max interval of 6 round losses holds their median with 97%% coverage)")
+    ev.add_argument("--confirm-max-rounds", type=_nonneg_int, default=None,
+                    help="sequential confirmation: a load still unresolved after "
+                    "--confirm-rounds rounds gets more, doubling up to this many; one that "
+                    "resolves stops. Each look is judged at confidence 1 - 10%% / number of looks "
+                    "(Bonferroni), so stopping early keeps the stated confidence "
+                    "(default: exactly --confirm-rounds)")
     ev.add_argument("--target-loss", type=float, default=0.03,
                     help="the target: measured table at most this fraction slower than the "
                     "best fixed k (default 0.03); each load is judged met / missed / unresolved "

@@ -66,6 +66,10 @@ class EvalConfig:
     # on new windows so the pick of the rival does not bias its score (the fastest of five
     # noisy medians is biased upward). 0 turns it off.
     confirm_rounds: int = 6
+    # Sequential confirmation: when above confirm_rounds, a load whose verdict is still
+    # unresolved after confirm_rounds rounds gets more, doubling up to this many (see
+    # confirm_looks); a load that resolves stops early. None: exactly confirm_rounds.
+    confirm_max_rounds: int | None = None
     # The issue's target: the measured table at most this much slower than the best fixed k.
     # Judged per load on a distribution-free interval for the median round loss (see
     # add_verdicts), at this confidence.
@@ -81,10 +85,21 @@ class EvalConfig:
             raise ValueError(f"retime_rounds must be >= 0, got {self.retime_rounds}")
         if self.confirm_rounds < 0:
             raise ValueError(f"confirm_rounds must be >= 0, got {self.confirm_rounds}")
+        if self.confirm_max_rounds is not None and (
+                self.confirm_rounds < 1 or self.confirm_max_rounds < self.confirm_rounds):
+            raise ValueError(f"confirm_max_rounds ({self.confirm_max_rounds}) needs confirm_rounds "
+                             f">= 1 and at least as many rounds ({self.confirm_rounds})")
         if not 0.0 <= self.target_loss < 1.0:
             raise ValueError(f"target_loss is a fraction in [0, 1), got {self.target_loss}")
         if not 0.0 < self.verdict_confidence < 1.0:
             raise ValueError(f"verdict_confidence must be in (0, 1), got {self.verdict_confidence}")
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """Round counts after which a confirmation judges its verdict (empty: no confirmation)."""
+        if not self.confirm_rounds:
+            return ()
+        return confirm_looks(self.confirm_rounds, self.confirm_max_rounds or self.confirm_rounds)
 
 
 def configurations(profile: Profile, workload: str) -> list[tuple[str, DraftLengthTable]]:
@@ -314,8 +329,10 @@ def confirm(engine: TunableEngine, loop: Any, cfg: EvalConfig, w: Workload,
     rival = strongest_rival(samples, k)
     if rival is None:
         return {"table_k": k, "rival": None}
+    looks = cfg.looks
+    confidence = per_look_confidence(cfg.verdict_confidence, len(looks))
     windows: list[dict[str, list[float]]] = []
-    for r in range(cfg.confirm_rounds):
+    for r in range(looks[-1]):
         order = ["table", "rival", "rival", "table"] if r % 2 == 0 else [
             "rival", "table", "table", "rival"]
         got: dict[str, list[float]] = {"table": [], "rival": []}
@@ -326,7 +343,59 @@ def confirm(engine: TunableEngine, loop: Any, cfg: EvalConfig, w: Workload,
             got[who].append(tokens / secs)
             advance(f"{w.name} c={c} confirm {who}")
         windows.append(got)
-    return confirmation_summary(k, rival, windows)
+        if stop_confirming(round_losses(windows), looks, cfg.target_loss, confidence):
+            for _ in range(4 * (looks[-1] - len(windows))):
+                advance(f"{w.name} c={c} confirmed after {len(windows)} rounds")
+            break
+    out = confirmation_summary(k, rival, windows)
+    out.update(looks=list(looks), confidence_per_look=confidence)
+    return out
+
+
+def confirm_looks(first_rounds: int, max_rounds: int) -> tuple[int, ...]:
+    """Round counts after which a sequential confirmation judges its verdict and may stop:
+    ``first_rounds``, then doubling, and ``max_rounds`` last. Fixed before any round runs, so
+    each look's confidence can be set from their number (``per_look_confidence``)."""
+    if first_rounds < 1 or max_rounds < first_rounds:
+        raise ValueError(f"looks need 1 <= first_rounds <= max_rounds, got {first_rounds}, "
+                         f"{max_rounds}")
+    looks = []
+    n = first_rounds
+    while n < max_rounds:
+        looks.append(n)
+        n *= 2
+    looks.append(max_rounds)
+    return tuple(looks)
+
+
+def per_look_confidence(confidence: float, num_looks: int) -> float:
+    """Each look's interval at 1 - (1 - confidence) / looks: the chance that *any* look's
+    interval misses the median is then at most 1 - confidence (union bound: no independence
+    between looks is needed), so stopping at the first look that resolves keeps the stated
+    confidence for the verdict it stops on. One look: ``confidence`` itself."""
+    if num_looks < 1:
+        raise ValueError(f"need at least one look, got {num_looks}")
+    return 1.0 - (1.0 - confidence) / num_looks
+
+
+def stop_confirming(losses: Sequence[float], looks: Sequence[int], target_loss: float,
+                    confidence: float) -> bool:
+    """Whether a sequential confirmation with these round losses stops now: at its last look
+    always; at an earlier look when the verdict is met or missed on an interval that really
+    has ``confidence`` (at a look with too few rounds for it, the widest interval's lower
+    coverage must not end the run: the per-look guarantee would not hold)."""
+    n = len(losses)
+    if n >= looks[-1]:
+        return True
+    if n not in looks:
+        return False
+    v = load_verdict(losses, target_loss, confidence)
+    return bool(v["status"] != "unresolved" and v["coverage"] >= confidence)
+
+
+def round_losses(windows: Sequence[dict[str, list[float]]]) -> list[float]:
+    """Per round: 1 - (table's tokens/s summed over its windows) / (rival's)."""
+    return [1.0 - sum(g["table"]) / sum(g["rival"]) for g in windows]
 
 
 def confirmation_summary(table_k: int, rival: str,
@@ -335,7 +404,7 @@ def confirmation_summary(table_k: int, rival: str,
     table's loss vs the best fixed k is max(0, median round loss): if the rival is slower,
     the table's own k is the fastest fixed k. ``sign_test_p``: two-sided probability of
     rounds at least this one-sided if table and rival were equally fast."""
-    losses = [1.0 - sum(g["table"]) / sum(g["rival"]) for g in windows]
+    losses = round_losses(windows)
     # Sign test: rounds with no difference say nothing either way.
     above, below = sum(x > 0 for x in losses), sum(x < 0 for x in losses)
     n = above + below
@@ -385,7 +454,9 @@ def add_verdicts(results: dict[str, Any], target_loss: float = 0.03,
                 v: dict[str, Any] = {"status": "met", "target_loss": target_loss,
                                      "source": "no other fixed k"}
             elif cf:
-                v = load_verdict(cf["round_losses"], target_loss, confidence)
+                # A sequential confirmation was judged at its per-look confidence (stricter).
+                v = load_verdict(cf["round_losses"], target_loss,
+                                 cf.get("confidence_per_look", confidence))
                 v["source"] = f"confirmation vs {cf['rival']}"
             else:
                 v = load_verdict(e["configs"]["measured table"]["paired_loss"]["samples"],

@@ -59,7 +59,8 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
 
     profile = Profile.load(tiny_profile)
     cfg = EvalConfig(loads=(2,), repeats=1, warmup_s=0.5, duration_s=2.0, max_tokens=24,
-                     retime_rounds=1, settle_max_s=60, confirm_rounds=1)
+                     retime_rounds=1, settle_max_s=60, confirm_rounds=1,
+                     confirm_max_rounds=2)
     w = builtin("repetitive").map(engine.chat_prompt)
     out = run_evaluate(engine, profile, [w], cfg, lambda _: None)
     entry = out["workloads"]["repetitive"]["loads"][0]
@@ -76,13 +77,17 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     conf = entry["confirmation"]
     assert conf["table_k"] == entry["configs"]["measured table"]["k_at_load"]
     assert conf["rival"] in entry["configs"] and conf["rival"] != f"k={conf['table_k']}"
-    assert [len(g["table"]) for g in conf["windows_tok_s"]] == [2]
+    assert [len(g["table"]) for g in conf["windows_tok_s"]] == [2, 2]
     assert all(x > 0 for g in conf["windows_tok_s"] for x in g["table"] + g["rival"])
-    assert len(conf["round_losses"]) == 1 and conf["loss_vs_best_fixed"] >= 0
-    # The verdict comes from the confirmation; one round is too few to claim anything.
+    assert conf["loss_vs_best_fixed"] >= 0
+    # Sequential: looks after 1 and 2 rounds, each at 1 - 10 % / 2. One round resolves
+    # nothing, so it went on to the last look.
+    assert conf["looks"] == [1, 2] and conf["confidence_per_look"] == pytest.approx(0.95)
+    assert len(conf["round_losses"]) == 2
+    # The verdict comes from the confirmation; two rounds are too few to claim anything.
     v = entry["verdict"]
-    assert v["source"] == f"confirmation vs {conf['rival']}" and v["n"] == 1
-    assert v["status"] == "unresolved" and v["coverage"] == 0.0
+    assert v["source"] == f"confirmation vs {conf['rival']}" and v["n"] == 2
+    assert v["status"] == "unresolved" and v["coverage"] == pytest.approx(0.5)
     assert out["verdict"]["unresolved"] == 1
     # The one repeat ran every configuration once, in the order recorded.
     assert sorted(entry["window_order"][0]) == sorted(entry["configs"])

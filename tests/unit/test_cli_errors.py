@@ -8,6 +8,9 @@ import pytest
 
 from loadwise.cli import main
 
+# A real profile written by `loadwise tune`, kept with the results.
+PROFILE = (Path(__file__).parents[2] / "benchmarks/results/tune-20261130-173313/profile.json")
+
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["serve", "--max-k", "2", "--table", "[[1, 8, 3]]"], "above the engine's max k=2"),
@@ -16,6 +19,8 @@ from loadwise.cli import main
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
+    (["evaluate", "--profile", str(PROFILE), "--confirm-rounds", "6", "--confirm-max-rounds", "4"],
+     "confirm_max_rounds (4) needs confirm_rounds >= 1 and at least as many rounds (6)"),
     (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
     (["kv", "replay", "/no/such/trace.jsonl"], "cannot read trace"),
     (["kv", "replay", "t.jsonl", "--hint-accuracy", "0.9,1.5"], "accuracies are in [0, 1]"),
