@@ -57,7 +57,7 @@ if __name__ == "__main__":
     results = []
     for dtype in ("float32", "bfloat16"):
         proc = subprocess.run([sys.executable, __file__, "--child", dtype], capture_output=True,
-                              text=True)
+                              text=True, check=False)
         if proc.returncode != 0:
             results.append({"dtype": dtype, "error": proc.stderr[-2000:]})
             continue

@@ -291,7 +291,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               "predicted_window_speed_tok_s":
                   "profile T at the window's own measured speed, every other input from the window",
               "predicted_anchored_k0_tok_s":
-                  "profile's speed-up over k=0, times k=0 as measured at that load"}
+                  "profile's speed-up over k=0, times k=0 as measured at that load",
+              "predicted_prior_speed_tok_s":
+                  "profile at the speed measured in the window before (a forecast)"}
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {labels.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

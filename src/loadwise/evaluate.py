@@ -139,6 +139,11 @@ def run_evaluate(
         window_speed: dict[int, dict[str, list[tuple[float, float | None] | None]]] = (
             _per_window(cfg.loads, names))
         window_acc: dict[int, dict[str, list[Acceptance | None]]] = _per_window(cfg.loads, names)
+        # Per window: the machine's speed as last measured before the window started (the
+        # previous window's pure-decode steps over the profile's T, whatever configuration it
+        # ran; the re-timing's speed ratio before a load's first window). Nothing from the
+        # window itself, so a prediction from it is out of sample.
+        prior_speed: dict[int, dict[str, list[float | None]]] = _per_window(cfg.loads, names)
         retimed: dict[int, RetimedLoad] = {}
         confirmations: dict[int, dict[str, Any]] = {}
         # Per load: the configurations of each repeat in the order they ran (so a carry-over
@@ -148,6 +153,7 @@ def run_evaluate(
             if cfg.retime_rounds:
                 retimed[c] = retime(engine, times, c, cfg)
                 advance(f"{w.name} c={c} re-timed T")
+            last_speed = retimed[c].speed_ratio if c in retimed else None
             loop = engine.open_loop(w.cycle(cfg.seed + 1000), concurrency=c,
                                     max_tokens=cfg.max_tokens)
             try:
@@ -174,6 +180,8 @@ def run_evaluate(
                         speed = drift[c][name][-1]
                         window_speed[c][name].append(None if math.isnan(speed) else (
                             speed, window_prefill_price(records, scaled(times, speed), tokens)[0]))
+                        prior_speed[c][name].append(last_speed)
+                        last_speed = last_speed if math.isnan(speed) else speed
                         advance(f"{w.name} c={c} {name}")
                 if cfg.confirm_rounds:
                     confirmations[c] = confirm(engine, loop, cfg, w, dict(configs), c,
@@ -233,6 +241,20 @@ def run_evaluate(
                     # Diagnostics: this window set's pure-decode step times over the profile's
                     # T (machine drift since the tune) and the acceptance its drafts really had.
                     "step_time_vs_profile": _median_or_none(drift[c][name]),
+                    # Per window (NaN as None): its own speed, and the speed last measured
+                    # before it (what predicted_prior_speed_tok_s scales the profile by).
+                    "window_speed_ratios": [None if math.isnan(x) else x
+                                            for x in drift[c][name]],
+                    "prior_speed_ratios": prior_speed[c][name],
+                    # The profile's model (its T, acceptance, prefill price and prompt/output
+                    # ratio) at the speed the machine had in the window before this one: a
+                    # forecast from what was known when the window started. Drift slower than
+                    # one window cancels; drift inside a window remains as error.
+                    "predicted_prior_speed_tok_s": _median_or_none([
+                        _predicted(c, k, scaled(times, sp), acc,
+                                   None if profile.prefill_s_per_token is None
+                                   else profile.prefill_s_per_token * sp, prompt_per_output)
+                        for sp in prior_speed[c][name] if sp is not None]),
                     "window_acceptance": _acc_json(window_acc[c][name]),
                     # The profile's T scaled by the speed the machine had during the window
                     # (its own pure-decode steps over the profile's T), and the window's
@@ -587,7 +609,8 @@ def _acc_json(accs: Sequence[Acceptance | None]) -> list[dict[str, Any] | None]:
 
 PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_retimed_tok_s",
                "predicted_retimed_window_acceptance_tok_s", "predicted_retimed_window_inputs_tok_s",
-               "predicted_window_speed_tok_s", "predicted_anchored_k0_tok_s")
+               "predicted_window_speed_tok_s", "predicted_anchored_k0_tok_s",
+               "predicted_prior_speed_tok_s")
 
 
 def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:

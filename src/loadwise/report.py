@@ -139,3 +139,10 @@ def print_step_times(profile: Profile, console: Console) -> None:
     if shown:
         console.print("→: the fit the tables use (a step never gets cheaper with more drafts or "
                       "a bigger batch; inverted medians meet at their mean)")
+    if profile.spec_method == "draft":
+        # vLLM runs the drafter's first forward pass at every step of a draft-model engine,
+        # also at k = 0 (it keeps the drafter's KV cache in sync): measured in
+        # benchmarks/draft_k0_cost.py.
+        console.print("k = 0 on a draft-model engine still runs the drafter's first pass every "
+                      "step: T(b, 0) is not the speed without speculation, which only an engine "
+                      "started without --speculative-config has")

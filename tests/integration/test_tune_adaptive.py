@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -91,6 +92,15 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert out["verdict"]["unresolved"] == 1
     # The one repeat ran every configuration once, in the order recorded.
     assert sorted(entry["window_order"][0]) == sorted(entry["configs"])
+    # The forecast scales the profile by the speed last measured before each window: the
+    # re-timing's before the first, then the previous window's own (whatever it ran).
+    order = entry["window_order"][0]
+    assert entry["configs"][order[0]]["prior_speed_ratios"] == [entry["retimed"]["speed_ratio"]]
+    for before, after in itertools.pairwise(order):
+        own = entry["configs"][before]["window_speed_ratios"][0]
+        assert own is not None and own > 0, before
+        assert entry["configs"][after]["prior_speed_ratios"] == [own], after
+    assert all(c["predicted_prior_speed_tok_s"] > 0 for c in entry["configs"].values())
     # Re-timing measured T(2, k) for every k on the same engine, just before the load.
     assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5
@@ -99,7 +109,8 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
                                       "predicted_retimed_window_acceptance_tok_s",
                                       "predicted_retimed_window_inputs_tok_s",
                                       "predicted_window_speed_tok_s",
-                                      "predicted_anchored_k0_tok_s"}
+                                      "predicted_anchored_k0_tok_s",
+                                      "predicted_prior_speed_tok_s"}
     # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
     assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
 
