@@ -38,7 +38,7 @@ def _off() -> dict[str, object]:
     from loadwise.vllm.config import EngineSpec
     from loadwise.vllm.local import LocalEngine
 
-    engine = LocalEngine(EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
+    engine = LocalEngine(EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=32,
                                     kv_cache_space_gib=2))
     prompts = timing_prompts().cycle()
     samples: dict[str, list[float]] = {str(b): [] for b in BATCH_SIZES}
@@ -68,7 +68,7 @@ def _draft() -> dict[str, object]:
 
     model = str(prepare().path)
     engine = LocalEngine(EngineSpec(model=model, spec_method="draft", draft_model=model,
-                                    max_k=MAX_K, max_num_seqs=16, kv_cache_space_gib=2))
+                                    max_k=MAX_K, max_num_seqs=32, kv_cache_space_gib=2))
     cfg = TuneConfig(batch_sizes=BATCH_SIZES, rounds=ROUNDS, steps_per_point=STEPS,
                      extra_rounds=0)
     samples, drafts = measure_step_times(engine, cfg, timing_prompts(), lambda _: None)
