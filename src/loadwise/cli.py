@@ -201,6 +201,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Tables and report recomputed from a saved profile: no engine, no re-timing."""
+    from loadwise.measure.profile import Profile
+    from loadwise.report import write_reports
+
+    profile = Profile.load(args.profile)
+    out_dir = Path(args.out) if args.out else Path(args.profile).parent
+    write_reports(profile, out_dir, console)
+    console.print(f"report in {out_dir}/ (report.json, table-*.json, heatmap-*.png)")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from rich.progress import (
         BarColumn,
@@ -390,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--acceptance-concurrency", type=int, default=8)
     tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")
     tune.set_defaults(func=cmd_tune)
+
+    rep = sub.add_parser("report", help="recompute the tables and report of a saved tune "
+                         "profile (no engine, no re-timing)")
+    rep.add_argument("profile", help="profile.json written by loadwise tune")
+    rep.add_argument("--out", default=None,
+                     help="report directory (default: the profile's own directory)")
+    rep.set_defaults(func=cmd_report)
 
     ev = sub.add_parser("evaluate", help="closed-loop throughput of every fixed k, the docs' table "
                         "and the measured table at several loads")

@@ -584,7 +584,7 @@ def window_acceptance(records: Sequence[StepRecord], max_k: int) -> Acceptance |
 def scaled(times: StepTimes, factor: float) -> StepTimes:
     """The same grid with every step time multiplied by ``factor``."""
     return StepTimes({key: t * factor for key, t in times.step_time_s.items()},
-                     times.drafts_per_req)
+                     times.drafts_per_req, times.rel_se)
 
 
 def window_prefill_price(records: Sequence[StepRecord], times: StepTimes,

@@ -19,6 +19,7 @@ PROFILE = (Path(__file__).parents[2] / "benchmarks/results/tune-20261130-173313/
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
+    (["report", "/no/such/profile.json"], "cannot read profile"),
     (["evaluate", "--profile", str(PROFILE), "--confirm-rounds", "6", "--confirm-max-rounds", "4"],
      "confirm_max_rounds (4) needs confirm_rounds >= 1 and at least as many rounds (6)"),
     (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
@@ -38,3 +39,25 @@ def test_corrupt_profile_rejected_by_serve_adaptive(tmp_path: Path, capsys) -> N
     bad.write_text('{"version": 1}')
     assert main(["serve", "--adaptive", "--profile", str(bad), "--model", str(tmp_path)]) == 2
     assert "profile is malformed" in " ".join(capsys.readouterr().err.split())
+
+
+def test_report_recomputes_tables_from_a_saved_profile(tmp_path: Path) -> None:
+    import json
+
+    from loadwise.measure.profile import Profile
+    from loadwise.policy.table import DraftLengthTable
+
+    noisy = PROFILE.parents[1] / "tune-20261201-001613/profile.json"
+    assert main(["report", str(noisy), "--out", str(tmp_path)]) == 0
+    profile = Profile.load(noisy)
+    report = json.loads((tmp_path / "report.json").read_text())
+    for name in ("repetitive", "sharegpt"):
+        table = DraftLengthTable.load(tmp_path / f"table-{name}.json", profile.max_k)
+        assert table == profile.table_for(name)
+        assert report["workloads"][name]["table"] == table.to_vllm()
+        assert (tmp_path / f"heatmap-{name}.png").stat().st_size > 0
+    # The rise of k inside the step-time noise at b = 14..18 is gone, and why is on record.
+    assert report["workloads"]["repetitive"]["table"] == [[1, 32, 4]]
+    at16 = next(c for c in report["workloads"]["repetitive"]["choices"] if c["batch_size"] == 16)
+    assert at16["smoothed_from"] == 3 and at16["tie_band"] > -at16["margin"] > 0.05
+    assert Profile.load(tmp_path / "profile.json").step_samples_s == profile.step_samples_s

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from hypothesis import given
@@ -172,3 +173,37 @@ def test_median_interval_rejects_bad_input() -> None:
         median_interval([])
     with pytest.raises(ValueError, match="confidence"):
         median_interval([1.0], 1.0)
+
+
+def test_median_rel_se_is_half_the_one_standard_error_interval() -> None:
+    from loadwise.measure.stats import ONE_SE_COVERAGE, median_rel_se
+
+    assert median_rel_se([2.0]) == 0.0
+    samples = [float(x) for x in range(1, 20)]  # median 10
+    iv = median_interval(samples, ONE_SE_COVERAGE)
+    assert iv.coverage >= ONE_SE_COVERAGE
+    z = statistics.NormalDist().inv_cdf((1 + iv.coverage) / 2)
+    assert median_rel_se(samples) == pytest.approx((iv.high - iv.low) / 2 / z / 10)
+    # Theory for 19 draws of a uniform on [0.5, 19.5] (density 1/19): 1 / (2 f sqrt(n)) = 2.18.
+    assert median_rel_se(samples) == pytest.approx(0.218, abs=0.01)
+
+
+@given(st.lists(st.floats(0.01, 10.0), min_size=2, max_size=40), st.floats(0.1, 10.0))
+def test_median_rel_se_is_scale_free_and_never_negative(samples: list[float], scale: float) -> None:
+    from loadwise.measure.stats import median_rel_se
+
+    se = median_rel_se(samples)
+    assert se >= 0
+    assert median_rel_se([x * scale for x in samples]) == pytest.approx(se, rel=1e-9, abs=1e-12)
+
+
+def test_profile_step_times_carry_their_standard_errors() -> None:
+    from pathlib import Path
+
+    from loadwise.measure.stats import median_rel_se
+
+    path = Path(__file__).parents[2] / "benchmarks/results/tune-20261201-001613/profile.json"
+    profile = Profile.load(path)
+    times = profile.step_times()
+    assert times.rel_se is not None and set(times.rel_se) == set(profile.step_samples_s)
+    assert times.rel_se[(16, 3)] == median_rel_se(profile.step_samples_s[(16, 3)]) > 0.03

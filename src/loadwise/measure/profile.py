@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadwise.measure.stats import AcceptanceCounter, summarize
+from loadwise.measure.stats import AcceptanceCounter, median_rel_se, summarize
 from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, best_table
 from loadwise.policy.table import DraftLengthTable
 
@@ -41,8 +41,9 @@ class Profile:
         """Median T(b, k) of the timed samples; ``fitted`` (what every decision uses): the
         medians fitted to never fall with more drafts or a bigger batch
         (``StepTimes.monotone``), so one noisy median cannot flip a choice of k."""
-        raw = StepTimes({key: summarize(v).median for key, v in self.step_samples_s.items()},
-                        dict(self.drafts_per_req))
+        medians = {key: summarize(v).median for key, v in self.step_samples_s.items()}
+        raw = StepTimes(medians, dict(self.drafts_per_req),
+                        {key: median_rel_se(v) for key, v in self.step_samples_s.items()})
         return raw.monotone() if fitted else raw
 
     def acceptance_for(self, workload: str) -> Acceptance:

@@ -67,6 +67,24 @@ def median_interval(samples: Sequence[float], confidence: float = 0.9) -> Median
         j += 1
     return MedianInterval(s[j - 1], s[n - j], coverage(j))
 
+# Coverage of +-1 standard error of a normal estimate.
+ONE_SE_COVERAGE = 0.6827
+
+
+def median_rel_se(samples: Sequence[float]) -> float:
+    """One standard error of a sample median, relative to it: half the width of its
+    distribution-free interval (``median_interval`` at ~68 %) divided by the normal quantile of
+    the coverage that interval really has (order statistics overshoot: 76-85 % at 12-19
+    samples), over the median. A single sample has no spread to measure: 0. Consecutive engine
+    steps are not fully independent, so this is a lower bound on the real uncertainty."""
+    med = summarize(samples).median
+    if len(samples) < 2 or med == 0:
+        return 0.0
+    iv = median_interval(samples, ONE_SE_COVERAGE)
+    z = statistics.NormalDist().inv_cdf((1.0 + iv.coverage) / 2.0)
+    return (iv.high - iv.low) / 2.0 / z / abs(med)
+
+
 @dataclass(slots=True)
 class AcceptanceCounter:
     """Sums vLLM's per-step spec-decode counts into prefix acceptance and draft rate.

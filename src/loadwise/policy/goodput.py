@@ -146,6 +146,9 @@ class StepTimes:
 
     step_time_s: Mapping[tuple[int, int], float]
     drafts_per_req: Mapping[tuple[int, int], float] | None = None
+    # Relative standard error of each measured T (its median's uncertainty / the median);
+    # None: unknown. Decides which differences between choices of k are ties (best_table).
+    rel_se: Mapping[tuple[int, int], float] | None = None
     batch_sizes: tuple[int, ...] = field(init=False)
     max_k: int = field(init=False)
     _curves: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = field(init=False, repr=False)
@@ -172,6 +175,11 @@ class StepTimes:
                 xs.append(x)
                 ts.append(t)
             curves[b] = (tuple(xs), tuple(ts))
+        for key, se in (self.rel_se or {}).items():
+            if key not in self.step_time_s:
+                raise ModelError(f"standard error given for unmeasured point {key}")
+            if not 0.0 <= se < math.inf:
+                raise ModelError(f"standard error for {key} is {se}: must be finite and >= 0")
         object.__setattr__(self, "batch_sizes", tuple(bs))
         object.__setattr__(self, "max_k", ks[-1])
         object.__setattr__(self, "_curves", curves)
@@ -211,7 +219,22 @@ class StepTimes:
     def monotone(self) -> StepTimes:
         """The same grid fitted so a step never gets cheaper with more drafts or a bigger batch
         (``monotone_step_times``); effective draft counts unchanged."""
-        return StepTimes(monotone_step_times(self.step_time_s), self.drafts_per_req)
+        return StepTimes(monotone_step_times(self.step_time_s), self.drafts_per_req, self.rel_se)
+
+    def tie_tolerance(self, batch_size: float) -> float:
+        """The relative goodput difference between two draft lengths at ``batch_size`` that
+        the step-time measurements cannot tell apart: one standard error of a difference of
+        two step times (sqrt(2) x the largest relative standard error of any k at the measured
+        batch sizes either side of ``batch_size``); 0 when no standard errors are known."""
+        if not self.rel_se:
+            return 0.0
+        bs = self.batch_sizes
+        i = bisect.bisect_left(bs, batch_size)
+        near = {bs[min(i, len(bs) - 1)], bs[max(i - 1, 0)]}
+        if i < len(bs) and bs[i] == batch_size:
+            near = {bs[i]}
+        se = max(self.rel_se.get((b, k), 0.0) for b in near for k in range(self.max_k + 1))
+        return math.sqrt(2.0) * se
 
 
 def _nondecreasing(ys: Sequence[float]) -> list[float]:
@@ -324,8 +347,10 @@ def choose(b: int, times: StepTimes, acc: Acceptance, max_k: int | None = None) 
 
 
 # A table whose k rises again with the batch size is kept only if forcing it to fall costs
-# more than this much goodput at some batch size (by the model); below, the rise is a tie
-# inside the step-time noise (a tune's margins at such points: 0.5-1.5 %).
+# more than this much goodput at some batch size (by the model), or more than the step times'
+# own standard error there says they can resolve (StepTimes.tie_tolerance), whichever is
+# larger; below, the rise is a tie inside the step-time noise (a tune's margins at such points:
+# 0.5-1.5 %; one with 24 % IQR at 18 samples per point: 5.7 %, inside its 7.4 % band).
 MONOTONE_TOLERANCE = 0.01
 
 
@@ -369,9 +394,10 @@ def best_table(
 
     Spare compute shrinks as the batch grows, so the best k should not rise with b; where the
     pointwise argmax does rise and the nearest table that does not costs at most
-    ``monotone_tolerance`` of goodput at every batch size, that table is used instead (a rise
-    that small is a tie decided by step-time noise, and a table that flips k back and forth
-    is one nobody can trust). A larger cost keeps the argmax: the model says the rise is real."""
+    the larger of ``monotone_tolerance`` and ``times.tie_tolerance(b)`` of goodput at every
+    batch size b, that table is used instead (a rise that small is a tie decided by step-time
+    noise, and a table that flips k back and forth is one nobody can trust). A larger cost
+    keeps the argmax: the measurements say the rise is real."""
     if max_batch_size < 1:
         raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}")
     top = _usable_max_k(times, acc, max_k)
@@ -379,8 +405,9 @@ def best_table(
     ks = [c.k for c in choices]
     if any(later > earlier for earlier, later in itertools.pairwise(ks)):
         grid = [[goodput(c.batch_size, k, times, acc) for k in range(top + 1)] for c in choices]
-        smooth, worst = nonincreasing_choice(grid)
-        if worst <= monotone_tolerance:
+        smooth, _ = nonincreasing_choice(grid)
+        if all(1.0 - g[k] / max(g) <= max(monotone_tolerance, times.tie_tolerance(c.batch_size))
+               for c, k, g in zip(choices, smooth, grid)):
             choices = [c if k == c.k else Choice(
                 c.batch_size, k, g[k], c.k, g[k] / c.goodput_tok_s - 1.0, smoothed_from=c.k)
                 for c, k, g in zip(choices, smooth, grid)]
