@@ -11,7 +11,7 @@ from rich.table import Table
 
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
-from loadwise.policy.goodput import MONOTONE_TOLERANCE, best_table, goodput_grid
+from loadwise.policy.goodput import best_table, goodput_grid, tie_band
 from loadwise.policy.table import DraftLengthTable
 
 
@@ -31,7 +31,7 @@ def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
              "smoothed_from": c.smoothed_from,
              # The goodput difference the step times cannot resolve at this batch size: a
              # rise of k inside it was smoothed away (best_table).
-             "tie_band": max(MONOTONE_TOLERANCE, times.tie_tolerance(c.batch_size))}
+             "tie_band": tie_band(times, c.batch_size)}
             for c in choices if c.batch_size in times.batch_sizes
         ],
         "goodput_tok_s": [{"batch_size": b, "k": k, "value": v} for (b, k), v in sorted(grid.items())],

@@ -67,6 +67,7 @@ def median_interval(samples: Sequence[float], confidence: float = 0.9) -> Median
         j += 1
     return MedianInterval(s[j - 1], s[n - j], coverage(j))
 
+
 # Coverage of +-1 standard error of a normal estimate.
 ONE_SE_COVERAGE = 0.6827
 

@@ -230,9 +230,10 @@ class StepTimes:
             return 0.0
         bs = self.batch_sizes
         i = bisect.bisect_left(bs, batch_size)
-        near = {bs[min(i, len(bs) - 1)], bs[max(i - 1, 0)]}
         if i < len(bs) and bs[i] == batch_size:
             near = {bs[i]}
+        else:  # the measured neighbours; beyond either end of the grid, its end alone
+            near = {bs[max(i - 1, 0)], bs[min(i, len(bs) - 1)]}
         se = max(self.rel_se.get((b, k), 0.0) for b in near for k in range(self.max_k + 1))
         return math.sqrt(2.0) * se
 
@@ -354,6 +355,13 @@ def choose(b: int, times: StepTimes, acc: Acceptance, max_k: int | None = None) 
 MONOTONE_TOLERANCE = 0.01
 
 
+def tie_band(times: StepTimes, batch_size: int,
+             monotone_tolerance: float = MONOTONE_TOLERANCE) -> float:
+    """The goodput a table may give up at ``batch_size`` to keep k from rising with the batch
+    size: the larger of the fixed floor and what the step times cannot resolve there."""
+    return max(monotone_tolerance, times.tie_tolerance(batch_size))
+
+
 def nonincreasing_choice(goodputs: Sequence[Sequence[float]]) -> tuple[list[int], float]:
     """For batch sizes 1..N (``goodputs[b - 1][k]``), the k per batch size that never grows
     with the batch size and gives up the least goodput in total against each batch size's own
@@ -406,7 +414,7 @@ def best_table(
     if any(later > earlier for earlier, later in itertools.pairwise(ks)):
         grid = [[goodput(c.batch_size, k, times, acc) for k in range(top + 1)] for c in choices]
         smooth, _ = nonincreasing_choice(grid)
-        if all(1.0 - g[k] / max(g) <= max(monotone_tolerance, times.tie_tolerance(c.batch_size))
+        if all(1.0 - g[k] / max(g) <= tie_band(times, c.batch_size, monotone_tolerance)
                for c, k, g in zip(choices, smooth, grid)):
             choices = [c if k == c.k else Choice(
                 c.batch_size, k, g[k], c.k, g[k] / c.goodput_tok_s - 1.0, smoothed_from=c.k)
