@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/loadwise model prepare
 status=0
-.venv/bin/python -m pytest -q tests/unit tests/integration/test_engine.py "$@" || status=1
+# The in-process engine tests run on a compiled engine (as tune and evaluate do); the other
+# integration files start --enforce-eager engines (seconds instead of minutes each).
+LOADWISE_TEST_COMPILED=1 .venv/bin/python -m pytest -q tests/unit tests/integration/test_engine.py "$@" || status=1
 .venv/bin/python -m pytest -q tests/integration/test_serve.py "$@" || status=1
 .venv/bin/python -m pytest -q tests/integration/test_tune_adaptive.py "$@" || status=1
 exit $status

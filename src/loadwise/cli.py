@@ -46,6 +46,9 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None
     g.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     g.add_argument("--dtype", default=None,
                    help="model dtype (default: float32, the fastest on AVX2 CPUs)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="no torch.compile: the engine starts in seconds instead of minutes, but "
+                        "its steps may be slower; tune with the mode you serve with")
 
 
 def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
@@ -69,6 +72,7 @@ def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
         kv_cache_space_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
         prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+        enforce_eager=args.enforce_eager,
     )
 
 
@@ -257,7 +261,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                lambda what: prog.update(task, advance=1, description=what))
     engine.shutdown()
     results.update(made_by, profile=str(args.profile), wall_s=round(time.perf_counter() - t0, 1),
-                   model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k)
+                   model=spec.model, spec_method=spec.spec_method, max_k=spec.max_k,
+                   enforce_eager=spec.enforce_eager)
     json_path, png_path = save(results, Path(args.out), f"evaluate-{timestamp()}")
     for name, res in results["workloads"].items():
         t = Table(title=f"{name}: measured table {res['measured_table']}")

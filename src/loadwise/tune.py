@@ -237,6 +237,7 @@ def run_tune(
             "timing_s": round(timing_s, 1),
             "acceptance_s": round(time.perf_counter() - t0 - timing_s, 1),
             "engine_start_s": round(getattr(engine, "start_time_s", 0.0), 1),
+            "enforce_eager": spec.enforce_eager,
             "config": {"batch_sizes": list(cfg.batch_sizes), "rounds": cfg.rounds,
                        "steps_per_point": cfg.steps_per_point,
                        "acceptance_concurrency": cfg.acceptance_concurrency,

@@ -15,6 +15,11 @@ MAX_K = 4
 # allocator settings into os.environ at start-up, and a `loadwise serve` child started later
 # from this process must not inherit them.
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+# Test engines skip torch.compile (--enforce-eager) unless LOADWISE_TEST_COMPILED=1: a compiled
+# start costs 1-3 min on the CI machine and these tests assert behaviour, not speed.
+# scripts/test.sh runs the in-process engine tests compiled, the path tune, evaluate and serve
+# take by default.
+COMPILED = os.environ.get("LOADWISE_TEST_COMPILED") == "1"
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +33,8 @@ def engine(model_dir: str) -> Iterator[object]:
     from loadwise.vllm.local import LocalEngine
 
     spec = EngineSpec(model=model_dir, spec_method="ngram", max_k=MAX_K, max_num_seqs=16,
-                      max_model_len=2048, kv_cache_space_gib=2, enable_prefix_caching=False)
+                      max_model_len=2048, kv_cache_space_gib=2, enable_prefix_caching=False,
+                      enforce_eager=not COMPILED)
     eng = LocalEngine(spec)
     yield eng
     eng.shutdown()

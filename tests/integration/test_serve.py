@@ -17,7 +17,7 @@ import requests
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.vllm.server import free_port
 
-from .conftest import CLEAN_ENV
+from .conftest import CLEAN_ENV, COMPILED
 from .test_engine import PROMPTS
 
 START_TIMEOUT_S = 600
@@ -34,7 +34,7 @@ def _start_serve(tmp_path: Path, *extra: str,
     # scripts) starts it: Ctrl-C handling must not depend on the inherited disposition.
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
-         "--max-num-seqs", "16", *extra],
+         "--max-num-seqs", "16", *([] if COMPILED else ["--enforce-eager"]), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )

@@ -15,7 +15,7 @@ from loadwise.measure.workloads import (
     timing_prompts,
 )
 from loadwise.policy.table import DraftLengthTable, TableError
-from loadwise.vllm.config import EngineConfigError, EngineSpec, parse_table_arg
+from loadwise.vllm.config import EngineConfigError, EngineSpec, compile_env, parse_table_arg
 
 
 def test_prompt_files(tmp_path: Path) -> None:
@@ -94,6 +94,26 @@ def test_engine_spec_renders_vllm_config(tmp_path: Path) -> None:
     assert EngineSpec(model=str(tmp_path), max_k=2).speculative_config()[
         "num_speculative_tokens_per_batch_size"] == [[1, 32, 2]]
     assert EngineSpec(model=str(tmp_path), spec_method=None).speculative_config() is None
+    # Compiled by default, like vLLM; eager only when asked, in both renderings.
+    assert "--enforce-eager" not in args and "enforce_eager" not in spec.llm_kwargs()
+    eager = EngineSpec(model=str(tmp_path), enforce_eager=True)
+    assert "--enforce-eager" in eager.server_args("127.0.0.1", 9000)
+    assert eager.llm_kwargs()["enforce_eager"] is True
+
+
+def test_cpu_compile_cache_default_never_overrides_the_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU build gets AOT compilation off (its artifacts cannot be loaded back); the GPU
+    # build keeps vLLM's default; a value the user set wins either way.
+    assert compile_env(True) == {"VLLM_USE_AOT_COMPILE": "0"} and compile_env(False) == {}
+    monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: True)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert EngineSpec(model=str(tmp_path)).env()["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert EngineSpec(model=str(tmp_path)).env()["VLLM_USE_AOT_COMPILE"] == "1"
+    monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    assert "VLLM_USE_AOT_COMPILE" not in EngineSpec(model=str(tmp_path)).env()
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

