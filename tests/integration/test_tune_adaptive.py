@@ -59,7 +59,12 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     from loadwise.evaluate import EvalConfig, run_evaluate
 
     profile = Profile.load(tiny_profile)
-    cfg = EvalConfig(loads=(2,), repeats=1, warmup_s=0.5, duration_s=2.0, max_tokens=24,
+    # Every window must see a request finish and its successor prefill (asserted below): an
+    # aligned window starts on staggered first requests, the shorter max_tokens / 2 = 6 tokens
+    # long (done after ~10 tokens of the two clients), and counts 2 s of tokens at the
+    # settle's speed (~40 at c = 2 on an eager engine here, T(2, 0) ~ 0.1 s). With max_tokens
+    # 24 (first request 12 long) a slow CI machine's window ended before it finished.
+    cfg = EvalConfig(loads=(2,), repeats=1, warmup_s=0.5, duration_s=2.0, max_tokens=12,
                      retime_rounds=1, settle_max_s=60, confirm_rounds=1,
                      confirm_max_rounds=2)
     w = builtin("repetitive").map(engine.chat_prompt)
