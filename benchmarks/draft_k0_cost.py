@@ -22,9 +22,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from loadwise.provenance import provenance
+from loadwise.provenance import provenance, write_result
 
 BATCH_SIZES = (1, 4, 16)
 MAX_K = 2
@@ -125,12 +124,8 @@ if __name__ == "__main__":
         print(f"b={b}: off {row['t_off_s'] * 1e3:.0f} ms, draft engine "
               + ", ".join(f"k={k} {row[f't_k{k}_s'] * 1e3:.0f} ms ({row[f't_k{k}_over_off']:.2f}x)"
                           for k in range(MAX_K + 1)))
-    out = Path("benchmarks/results")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"draft-k0-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({**made_by, "config": {"batch_sizes": BATCH_SIZES, "max_k": MAX_K,
-                                                      "rounds": ROUNDS, "steps": STEPS,
-                                                      "draft": "the target model itself"},
-                                "wall_s": time.perf_counter() - start_s, "runs": runs,
-                                "summary": summary}, indent=1))
+    path = write_result("draft-k0-cost", {
+        **made_by, "config": {"batch_sizes": BATCH_SIZES, "max_k": MAX_K, "rounds": ROUNDS,
+                              "steps": STEPS, "draft": "the target model itself"},
+        "wall_s": time.perf_counter() - start_s, "runs": runs, "summary": summary})
     print("wrote", path)

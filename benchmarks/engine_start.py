@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadwise.provenance import provenance
+from loadwise.provenance import provenance, write_result
 
 BATCH_SIZES = (1, 8, 32)
 MAX_K = 2
@@ -115,12 +115,8 @@ if __name__ == "__main__":
         print(f"T({key}): compiled {row['compiled_median_s'] * 1e3:.0f} ms, "  # type: ignore[index]
               f"eager {row['eager_median_s'] * 1e3:.0f} ms "  # type: ignore[index]
               f"({row['eager_over_compiled']:.2f}x)")  # type: ignore[index]
-    out = Path("benchmarks/results")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"engine-start-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({**made_by, "config": {"batch_sizes": BATCH_SIZES, "max_k": MAX_K,
-                                                      "rounds": ROUNDS, "steps": STEPS,
-                                                      "spec_method": "ngram"},
-                                "wall_s": time.perf_counter() - start_s, "runs": runs,
-                                "step_time_summary": summary}, indent=1))
+    path = write_result("engine-start", {
+        **made_by, "config": {"batch_sizes": BATCH_SIZES, "max_k": MAX_K, "rounds": ROUNDS,
+                              "steps": STEPS, "spec_method": "ngram"},
+        "wall_s": time.perf_counter() - start_s, "runs": runs, "step_time_summary": summary})
     print("wrote", path)
