@@ -62,7 +62,7 @@ def _measure(eager: bool) -> dict[str, object]:
 
 
 def _child(aot: str | None, eager: bool, cache_dir: Path) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_AOT_COMPILE"}
+    env = dict(os.environ)
     env.update(VLLM_CACHE_ROOT=str(cache_dir / "vllm"),
                TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"))
     # None: vLLM's own default on torch >= 2.10, set explicitly because loadwise's
