@@ -8,6 +8,12 @@ rebuilt only when missing or corrupt.
 Invariant: a directory with a valid ``loadwise-manifest.json`` is complete; the build writes
 into a temporary sibling and renames it into place, so an interrupted build leaves no half
 directory behind.
+
+Invariant: the saved tokenizer behaves like SmolLM2's own whatever transformers version did the
+GGUF conversion: the chat template writes every special token itself (no automatic BOS on top:
+transformers 4.x's conversion added one, so every prompt began with ``<|im_start|>`` twice) and
+a turn ends with ``<|im_end|>`` (5.16-5.17 saved ``<|im_start|>`` as the EOS token). Both are set
+explicitly and checked after the build; a directory from an earlier build format is rebuilt.
 """
 
 from __future__ import annotations
@@ -20,10 +26,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from loadwise.provenance import package_version
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "loadwise-manifest.json"
+# Bumped when the build's output changes for the same inputs; an older directory is rebuilt.
+# 2: special tokens set explicitly (see the module docstring).
+BUILD_FORMAT = 2
+BOS_TOKEN = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
 # fp32: measured faster than bf16 on AVX2 CPUs without AVX512-BF16 (see README / closing note).
 DEFAULT_DTYPE = "float32"
 
@@ -74,7 +88,9 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(directory: Path) -> None:
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
-    manifest = {"model": MODEL_NAME, "dtype": DEFAULT_DTYPE,
+    manifest = {"model": MODEL_NAME, "dtype": DEFAULT_DTYPE, "build_format": BUILD_FORMAT,
+                "built_with": {pkg: package_version(pkg)
+                               for pkg in ("transformers", "gguf", "tokenizers")},
                 "files": {p.name: _sha256(p) for p in files}}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
@@ -91,6 +107,9 @@ def verify(directory: Path) -> str | None:
         return f"manifest unreadable: {exc}"
     if "model.safetensors" not in files:
         return "manifest lists no weights"
+    if manifest.get("build_format") != BUILD_FORMAT:
+        return (f"built by an earlier loadwise (build format {manifest.get('build_format', 1)}, "
+                f"now {BUILD_FORMAT})")
     for name, digest in files.items():
         p = directory / name
         if not p.is_file():
@@ -100,12 +119,42 @@ def verify(directory: Path) -> str | None:
     return None
 
 
+def tokenizer_problem(tokenizer: Any) -> str | None:
+    """None when ``tokenizer`` encodes and ends chats as SmolLM2's own does, else what is wrong.
+
+    Checks the three things a GGUF conversion has got wrong across transformers versions: the
+    EOS token, a BOS added on top of the one the chat template writes, and spaces lost in a
+    round trip."""
+    if tokenizer.eos_token != EOS_TOKEN:
+        return f"EOS token is {tokenizer.eos_token!r}, expected {EOS_TOKEN!r}"
+    bos_id = tokenizer.convert_tokens_to_ids(BOS_TOKEN)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hello world"}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = list(tokenizer(text)["input_ids"])
+    if len(ids) < 2 or ids[0] != bos_id or ids[1] == bos_id:
+        return f"a chat prompt should start with one {BOS_TOKEN}, got ids {ids[:3]}"
+    sample = "Hello world, again."
+    round_trip = tokenizer.decode(tokenizer(sample, add_special_tokens=False)["input_ids"])
+    if round_trip != sample:
+        return f"round trip changes text: {sample!r} -> {round_trip!r}"
+    return None
+
+
+def _fix_special_tokens(tokenizer: Any) -> None:
+    """Set what SmolLM2's own tokenizer has, whatever the converting transformers guessed."""
+    tokenizer.eos_token = EOS_TOKEN
+    tokenizer.pad_token = EOS_TOKEN
+    if getattr(tokenizer, "add_bos_token", False):
+        tokenizer.add_bos_token = False
+
+
 def _build(target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    _fix_special_tokens(tokenizer)
     gguf_model = AutoModelForCausalLM.from_pretrained(
         str(src.parent), gguf_file=src.name, dtype=torch.float32
     )
@@ -126,6 +175,10 @@ def _build(target: Path) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        problem = tokenizer_problem(AutoTokenizer.from_pretrained(str(tmp)))
+        if problem is not None:
+            raise ModelPrepareError(f"the converted tokenizer is wrong ({problem}); built with "
+                                    f"transformers {package_version('transformers')}")
         _write_manifest(tmp)
         if target.exists():
             shutil.rmtree(target)

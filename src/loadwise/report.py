@@ -40,9 +40,19 @@ def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
 
 
 def speculative_config_snippet(profile: Profile, table: list[list[int]]) -> dict[str, Any]:
+    """What to pass to vLLM: the table holds for the drafter it was tuned with, so the snippet
+    names that drafter too (prompt lookup's n-gram range where the tune set one, else vLLM's
+    default applies on both sides; the draft model's directory)."""
     method = "ngram" if profile.spec_method == "ngram" else "draft_model"
-    return {"method": method, "num_speculative_tokens": profile.max_k,
-            "num_speculative_tokens_per_batch_size": table}
+    cfg: dict[str, Any] = {"method": method}
+    if method == "ngram":
+        lo, hi = profile.meta.get("prompt_lookup") or (None, None)
+        cfg.update({key: n for key, n in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+                    if n is not None})
+    elif profile.meta.get("draft_model"):
+        cfg["model"] = profile.meta["draft_model"]
+    cfg.update(num_speculative_tokens=profile.max_k, num_speculative_tokens_per_batch_size=table)
+    return cfg
 
 
 def heatmap(profile: Profile, report: dict[str, Any], path: Path) -> None:

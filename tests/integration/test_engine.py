@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loadwise.model import BOS_TOKEN, EOS_TOKEN, tokenizer_problem
 from loadwise.policy.table import DraftLengthTable
 
 from .conftest import MAX_K
@@ -19,6 +20,17 @@ PROMPTS = [
 def test_embedded_model_answers_coherently(engine) -> None:
     [out] = engine.generate([engine.chat_prompt(PROMPTS[0])], max_tokens=32)
     assert "paris" in out.text.lower(), out.text
+
+
+def test_vllm_tokenizes_chat_prompts_as_smollm2_does(engine) -> None:
+    # vLLM's own tokenizer of the prepared directory: one BOS (the template's), EOS <|im_end|>.
+    tok = engine.tokenizer
+    assert tokenizer_problem(tok) is None
+    ids = tok(engine.chat_prompt(PROMPTS[0]))["input_ids"]
+    assert tok.convert_ids_to_tokens(ids[:2]) == [BOS_TOKEN, "system"]
+    [out] = engine.generate([engine.chat_prompt(PROMPTS[0])], max_tokens=64)
+    # Greedy generation stops at the end of the turn, before max_tokens.
+    assert len(out.token_ids) < 64 and out.token_ids[-1] == tok.convert_tokens_to_ids(EOS_TOKEN)
 
 
 def test_greedy_output_identical_with_and_without_speculation(engine) -> None:

@@ -22,6 +22,8 @@ PROFILE = (Path(__file__).parents[2] / "benchmarks/results/tune-20261130-173313/
     (["report", "/no/such/profile.json"], "cannot read profile"),
     (["evaluate", "--profile", str(PROFILE), "--confirm-rounds", "6", "--confirm-max-rounds", "4"],
      "confirm_max_rounds (4) needs confirm_rounds >= 1 and at least as many rounds (6)"),
+    (["evaluate", "--profile", str(PROFILE), "--prompt-lookup-min", "3"],
+     "--prompt-lookup-min 3: the profile was tuned with 2"),
     (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
     (["kv", "replay", "/no/such/trace.jsonl"], "cannot read trace"),
     (["kv", "replay", "t.jsonl", "--hint-accuracy", "0.9,1.5"], "accuracies are in [0, 1]"),
@@ -61,3 +63,34 @@ def test_report_recomputes_tables_from_a_saved_profile(tmp_path: Path) -> None:
     at16 = next(c for c in report["workloads"]["repetitive"]["choices"] if c["batch_size"] == 16)
     assert at16["smoothed_from"] == 3 and at16["tie_band"] > -at16["margin"] > 0.05
     assert Profile.load(tmp_path / "profile.json").step_samples_s == profile.step_samples_s
+    # The snippet names the drafter the table was tuned with (prompt lookup 2..4 here).
+    assert report["workloads"]["repetitive"]["speculative_config"] == {
+        "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+        "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 32, 4]]}
+
+
+@pytest.mark.parametrize(("tuned", "given", "expected"), [
+    ([2, 4], [None, None], [2, 4]),        # inherited from the profile
+    ([2, 4], [2, None], [2, 4]),           # a flag that agrees is fine
+    ([None, None], [None, None], [None, None]),  # vLLM's default on both sides
+    (None, [None, None], [None, None]),    # a profile from before the range was recorded
+])
+def test_evaluate_takes_the_drafter_from_the_profile(tuned, given, expected) -> None:
+    import argparse
+
+    from loadwise.cli import _drafter_from_profile
+
+    args = argparse.Namespace(prompt_lookup_min=given[0], prompt_lookup_max=given[1])
+    _drafter_from_profile(args, {} if tuned is None else {"prompt_lookup": tuned})
+    assert [args.prompt_lookup_min, args.prompt_lookup_max] == expected
+
+
+def test_evaluate_refuses_a_drafter_the_profile_was_not_tuned_with() -> None:
+    import argparse
+
+    from loadwise.cli import UsageError, _drafter_from_profile
+
+    args = argparse.Namespace(prompt_lookup_min=None, prompt_lookup_max=4)
+    with pytest.raises(UsageError, match="--prompt-lookup-max 4: the profile was tuned with "
+                                         "vLLM's default"):
+        _drafter_from_profile(args, {"prompt_lookup": [None, None]})
