@@ -14,7 +14,7 @@ from loadwise.model import BOS_TOKEN, BUILD_FORMAT, EOS_TOKEN, tokenizer_problem
 
 
 class FakeTokenizer:
-    """A word-level tokenizer with SmolLM2's special tokens and chat template, and switches for
+    """A character-level tokenizer with SmolLM2's special tokens and chat template, and switches for
     the faults GGUF conversions have had."""
 
     SPECIAL: ClassVar[dict[str, int]] = {"<|endoftext|>": 0, BOS_TOKEN: 1, EOS_TOKEN: 2}
