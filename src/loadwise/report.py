@@ -13,6 +13,7 @@ from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.policy.goodput import best_table, goodput_grid, tie_band
 from loadwise.policy.table import DraftLengthTable
+from loadwise.vllm.config import speculative_config
 
 
 def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
@@ -40,19 +41,11 @@ def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
 
 
 def speculative_config_snippet(profile: Profile, table: list[list[int]]) -> dict[str, Any]:
-    """What to pass to vLLM: the table holds for the drafter it was tuned with, so the snippet
-    names that drafter too (prompt lookup's n-gram range where the tune set one, else vLLM's
-    default applies on both sides; the draft model's directory)."""
-    method = "ngram" if profile.spec_method == "ngram" else "draft_model"
-    cfg: dict[str, Any] = {"method": method}
-    if method == "ngram":
-        lo, hi = profile.meta.get("prompt_lookup") or (None, None)
-        cfg.update({key: n for key, n in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
-                    if n is not None})
-    elif profile.meta.get("draft_model"):
-        cfg["model"] = profile.meta["draft_model"]
-    cfg.update(num_speculative_tokens=profile.max_k, num_speculative_tokens_per_batch_size=table)
-    return cfg
+    """What to pass to vLLM: the same rendering loadwise starts its own engines with, for the
+    drafter the profile was tuned with (its prompt-lookup range, its draft model)."""
+    lo, hi = profile.meta.get("prompt_lookup") or (None, None)
+    return speculative_config(profile.spec_method, profile.max_k, table,
+                              profile.meta.get("draft_model"), (lo, hi))
 
 
 def heatmap(profile: Profile, report: dict[str, Any], path: Path) -> None:

@@ -31,6 +31,27 @@ class EngineConfigError(ValueError):
 CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 
 
+def speculative_config(spec_method: str, max_k: int, table: list[list[int]],
+                       draft_model: str | None = None,
+                       prompt_lookup: tuple[int | None, int | None] = (None, None)
+                       ) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for a drafter and a table: what loadwise starts engines
+    with and what a tune prints to paste. A table holds for the drafter it was measured with, so
+    the drafter's settings travel with it; unset ones are left to vLLM's defaults."""
+    cfg: dict[str, Any] = {"num_speculative_tokens": max_k,
+                           "num_speculative_tokens_per_batch_size": table}
+    if spec_method == "ngram":
+        cfg["method"] = "ngram"
+        for key, n in zip(("prompt_lookup_min", "prompt_lookup_max"), prompt_lookup):
+            if n is not None:
+                cfg[key] = n
+    else:
+        cfg["method"] = "draft_model"
+        if draft_model is not None:
+            cfg["model"] = draft_model
+    return cfg
+
+
 def compile_env(cpu: bool) -> dict[str, str]:
     """Environment defaults for vLLM's compile cache on this build."""
     return dict(CPU_COMPILE_ENV) if cpu else {}
@@ -101,21 +122,10 @@ class EngineSpec:
 
     def speculative_config(self) -> dict[str, Any] | None:
         table = self.effective_table()
-        if table is None:
+        if table is None or self.spec_method is None:  # both None together: no speculation
             return None
-        cfg: dict[str, Any] = {
-            "num_speculative_tokens": self.max_k,
-            "num_speculative_tokens_per_batch_size": table.to_vllm(),
-        }
-        if self.spec_method == "ngram":
-            cfg["method"] = "ngram"
-            if self.prompt_lookup_min is not None:
-                cfg["prompt_lookup_min"] = self.prompt_lookup_min
-            if self.prompt_lookup_max is not None:
-                cfg["prompt_lookup_max"] = self.prompt_lookup_max
-        else:
-            cfg.update(method="draft_model", model=self.draft_model)
-        return cfg
+        return speculative_config(self.spec_method, self.max_k, table.to_vllm(), self.draft_model,
+                                  (self.prompt_lookup_min, self.prompt_lookup_max))
 
     def scheduler_cls(self) -> str:
         # vLLM runs ngram with sync scheduling, draft models with async scheduling.
