@@ -331,7 +331,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               "predicted_anchored_k0_tok_s":
                   "profile's speed-up over k=0, times k=0 as measured at that load",
               "predicted_prior_speed_tok_s":
-                  "profile at the speed measured in the window before (a forecast)"}
+                  "profile at the speed measured in the window before (a forecast)",
+              "predicted_relative":
+                  "profile's throughput of each configuration relative to the others at the "
+                  "load (the shape the table's choice rests on; the level is measured)"}
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {labels.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

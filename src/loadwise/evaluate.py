@@ -294,6 +294,17 @@ def run_evaluate(
                         window_prompt_per_output=_median_or_none(
                             [r for _, r in window_prefill[c][name] if r is not None]),
                     )
+            # The profile's throughput of each configuration relative to the others at this
+            # load, against the measured relative throughput (median over repeats of each
+            # window over its repeat's geometric mean): one level per load comes from the
+            # measurement, so machine speed that moved every configuration alike divides out,
+            # and every input of the shape (T, acceptance, prefill price, prompt/output ratio)
+            # is the profile's. This is what the table's choice of k rests on.
+            shares = geometric_shares({name: cf["predicted_tok_s"]
+                                       for name, cf in entry["configs"].items()})
+            for name, cf in entry["configs"].items():
+                cf["predicted_relative"] = shares[name]
+                cf["measured_relative"] = rel_median[name]
             if c in retimed:
                 entry["retimed"] = retimed[c].to_json(times, c)
             if c in confirmations:
@@ -503,14 +514,23 @@ def relative_to_repeat(samples: dict[str, list[float]]) -> dict[str, list[float]
     if len(repeats) != 1 or not names:
         raise ValueError("every configuration needs the same number of windows")
     n = repeats.pop()
-    if any(x <= 0 for v in samples.values() for x in v):
-        raise ValueError("throughput samples must be positive")
     out: dict[str, list[float]] = {name: [] for name in names}
     for i in range(n):
-        gmean = math.exp(sum(math.log(samples[name][i]) for name in names) / len(names))
+        shares = geometric_shares({name: samples[name][i] for name in names})
         for name in names:
-            out[name].append(samples[name][i] / gmean)
+            out[name].append(shares[name])
     return out
+
+
+def geometric_shares(values: dict[str, float]) -> dict[str, float]:
+    """Each value over the geometric mean of all of them (their product is 1): ratios between
+    entries are kept, their common level divided out."""
+    if not values:
+        raise ValueError("no values to share out")
+    if any(not x > 0 for x in values.values()):  # also refuses NaN
+        raise ValueError("throughput samples must be positive")
+    gmean = math.exp(sum(math.log(x) for x in values.values()) / len(values))
+    return {name: x / gmean for name, x in values.items()}
 
 
 def _per_window(loads: Sequence[int], names: Sequence[str]) -> dict[int, dict[str, list[Any]]]:
@@ -613,17 +633,23 @@ PREDICTIONS = ("predicted_tok_s", "predicted_observed_mix_tok_s", "predicted_ret
                "predicted_prior_speed_tok_s")
 
 
+# (prediction, what it is scored against): every absolute prediction against the measured
+# median throughput, the relative one against the measured relative throughput.
+SCORED = tuple((p, "median_tok_s") for p in PREDICTIONS) + (
+    ("predicted_relative", "measured_relative"),)
+
+
 def prediction_summary(results: dict[str, Any]) -> dict[str, Any]:
     """Median |predicted / measured - 1| over every configuration and load, for each kind of
     prediction present: overall and per workload."""
     out: dict[str, Any] = {}
-    for field_name in PREDICTIONS:
+    for field_name, measured in SCORED:
         per: dict[str, float] = {}
         every: list[float] = []
         for wname, res in results["workloads"].items():
-            errs = [abs(c[field_name] / c["median_tok_s"] - 1.0)
+            errs = [abs(c[field_name] / c[measured] - 1.0)
                     for e in res["loads"] for c in e["configs"].values()
-                    if c.get(field_name) is not None and c["median_tok_s"]]
+                    if c.get(field_name) is not None and c.get(measured)]
             if errs:
                 per[wname] = summarize(errs).median
                 every += errs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -106,6 +107,15 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
         assert own is not None and own > 0, before
         assert entry["configs"][after]["prior_speed_ratios"] == [own], after
     assert all(c["predicted_prior_speed_tok_s"] > 0 for c in entry["configs"].values())
+    # The relative prediction: the profile's throughputs at this load over their geometric
+    # mean (so their product is 1), scored against the measured relative throughput.
+    rel = {n: c["predicted_relative"] for n, c in entry["configs"].items()}
+    assert math.prod(rel.values()) == pytest.approx(1.0)
+    for n, c in entry["configs"].items():
+        assert rel[n] / rel["k=0"] == pytest.approx(
+            c["predicted_tok_s"] / entry["configs"]["k=0"]["predicted_tok_s"]), n
+        assert c["measured_relative"] > 0, n
+    assert out["prediction"]["predicted_relative"]["n"] == len(entry["configs"])
     # Re-timing measured T(2, k) for every k on the same engine, just before the load.
     assert set(entry["retimed"]["step_time_s"]) == {str(k) for k in range(MAX_K + 1)}
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5

@@ -13,6 +13,7 @@ from loadwise.evaluate import (
     add_verdicts,
     confirm_looks,
     confirmation_summary,
+    geometric_shares,
     load_verdict,
     merge_retimed,
     per_look_confidence,
@@ -144,6 +145,37 @@ def test_relative_to_repeat_divides_out_what_a_repeat_did_to_every_configuration
     scaled = {name: [x * factors[i] for i, x in enumerate(v)] for name, v in samples.items()}
     for name, v in relative_to_repeat(scaled).items():
         assert v == pytest.approx(rel[name], rel=1e-9)
+
+
+@given(st.dictionaries(st.sampled_from("abcdefg"), positive, min_size=1),
+       st.floats(min_value=1e-3, max_value=1e3))
+def test_geometric_shares_keep_ratios_and_divide_out_the_level(
+        values: dict[str, float], factor: float) -> None:
+    shares = geometric_shares(values)
+    assert math.prod(shares.values()) == pytest.approx(1.0, rel=1e-6)
+    first = next(iter(values))
+    for name, x in values.items():
+        assert shares[name] / shares[first] == pytest.approx(x / values[first], rel=1e-9)
+    # The same values at another level (a machine running `factor` times faster) share alike.
+    assert geometric_shares({n: x * factor for n, x in values.items()}) == pytest.approx(shares)
+
+
+def test_geometric_shares_refuse_nothing_zero_or_nan() -> None:
+    for bad in ({}, {"a": 1.0, "b": 0.0}, {"a": float("nan")}):
+        with pytest.raises(ValueError):
+            geometric_shares(bad)
+
+
+def test_prediction_summary_scores_the_relative_prediction_against_the_measured_one() -> None:
+    configs = {"x": {"median_tok_s": 100.0, "predicted_tok_s": 150.0,
+                     "predicted_relative": 1.1, "measured_relative": 1.0},
+               "y": {"median_tok_s": 50.0, "predicted_tok_s": 75.0,
+                     "predicted_relative": 0.9, "measured_relative": 1.0}}
+    s = prediction_summary({"workloads": {"a": {"loads": [{"configs": configs}]}}})
+    # The absolute prediction is 50 % off everywhere; the shape is 10 % off.
+    assert s["predicted_tok_s"]["median_abs_rel_error"] == pytest.approx(0.5)
+    assert s["predicted_relative"]["median_abs_rel_error"] == pytest.approx(0.1)
+    assert s["predicted_relative"]["n"] == 2
 
 
 def test_relative_to_repeat_rejects_ragged_or_nonpositive_samples() -> None:
