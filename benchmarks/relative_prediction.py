@@ -23,36 +23,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from loadwise.evaluate import geometric_shares
+from loadwise.evaluate import add_relative_prediction, prediction_summary
 from loadwise.provenance import provenance, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def score(results: dict[str, Any]) -> dict[str, Any] | None:
-    """Per workload and overall: median |error| of the relative and of the absolute prediction;
-    None when the file lacks what is needed (an older format)."""
-    rel_errs: dict[str, list[float]] = {}
-    abs_errs: dict[str, list[float]] = {}
-    for wname, res in results["workloads"].items():
-        for entry in res["loads"]:
-            cfgs = entry["configs"]
-            if not all(c.get("relative_samples") and c.get("predicted_tok_s")
-                       for c in cfgs.values()):
-                return None
-            shares = geometric_shares({n: c["predicted_tok_s"] for n, c in cfgs.items()})
-            for n, c in cfgs.items():
-                measured = statistics.median(c["relative_samples"])
-                rel_errs.setdefault(wname, []).append(abs(shares[n] / measured - 1.0))
-                abs_errs.setdefault(wname, []).append(
-                    abs(c["predicted_tok_s"] / c["median_tok_s"] - 1.0))
-
-    def summary(errs: dict[str, list[float]]) -> dict[str, Any]:
-        every = [x for v in errs.values() for x in v]
-        return {"median_abs_rel_error": statistics.median(every), "n": len(every),
-                "per_workload": {w: statistics.median(v) for w, v in errs.items()}}
-
-    return {"relative": summary(rel_errs), "absolute": summary(abs_errs)} if rel_errs else None
+    """The summary of the relative and of the absolute prediction (median |error| overall and
+    per workload), scored as `loadwise evaluate` scores them; None when the file lacks the
+    per-repeat samples (an older format)."""
+    entries = [e for res in results["workloads"].values() for e in res["loads"]]
+    if not entries or not all(c.get("relative_samples") and c.get("predicted_tok_s")
+                              for e in entries for c in e["configs"].values()):
+        return None
+    for entry in entries:
+        add_relative_prediction(entry)
+    summary = prediction_summary(results)
+    return {"relative": summary["predicted_relative"], "absolute": summary["predicted_tok_s"]}
 
 
 def main() -> None:

@@ -294,17 +294,7 @@ def run_evaluate(
                         window_prompt_per_output=_median_or_none(
                             [r for _, r in window_prefill[c][name] if r is not None]),
                     )
-            # The profile's throughput of each configuration relative to the others at this
-            # load, against the measured relative throughput (median over repeats of each
-            # window over its repeat's geometric mean): one level per load comes from the
-            # measurement, so machine speed that moved every configuration alike divides out,
-            # and every input of the shape (T, acceptance, prefill price, prompt/output ratio)
-            # is the profile's. This is what the table's choice of k rests on.
-            shares = geometric_shares({name: cf["predicted_tok_s"]
-                                       for name, cf in entry["configs"].items()})
-            for name, cf in entry["configs"].items():
-                cf["predicted_relative"] = shares[name]
-                cf["measured_relative"] = rel_median[name]
+            add_relative_prediction(entry)
             if c in retimed:
                 entry["retimed"] = retimed[c].to_json(times, c)
             if c in confirmations:
@@ -520,6 +510,21 @@ def relative_to_repeat(samples: dict[str, list[float]]) -> dict[str, list[float]
         for name in names:
             out[name].append(shares[name])
     return out
+
+
+def add_relative_prediction(entry: dict[str, Any]) -> None:
+    """Add to each configuration of one load's entry the profile's throughput relative to the
+    others at this load (``predicted_relative``: its predicted tok/s over the geometric mean of
+    all configurations') and the measured relative throughput (``measured_relative``: the
+    median over repeats of each window over its repeat's geometric mean). One level per load
+    comes from the measurement, so machine speed that moved every configuration alike divides
+    out, and every input of the shape (T, acceptance, prefill price, prompt/output ratio) is
+    the profile's: this is what the table's choice of k rests on."""
+    configs = entry["configs"]
+    shares = geometric_shares({name: c["predicted_tok_s"] for name, c in configs.items()})
+    for name, c in configs.items():
+        c["predicted_relative"] = shares[name]
+        c["measured_relative"] = summarize(c["relative_samples"]).median
 
 
 def geometric_shares(values: dict[str, float]) -> dict[str, float]:

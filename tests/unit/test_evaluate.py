@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from loadwise.evaluate import (
     _mean_decode_batch,
     _mix_prediction,
+    add_relative_prediction,
     add_verdicts,
     confirm_looks,
     confirmation_summary,
@@ -164,6 +165,19 @@ def test_geometric_shares_refuse_nothing_zero_or_nan() -> None:
     for bad in ({}, {"a": 1.0, "b": 0.0}, {"a": float("nan")}):
         with pytest.raises(ValueError):
             geometric_shares(bad)
+
+
+def test_relative_prediction_is_the_predicted_share_against_the_median_measured_share() -> None:
+    entry = {"configs": {
+        "x": {"predicted_tok_s": 200.0, "relative_samples": [1.3, 1.1, 1.2]},
+        "y": {"predicted_tok_s": 50.0, "relative_samples": [0.8, 0.9, 0.7]}}}
+    add_relative_prediction(entry)
+    x, y = entry["configs"]["x"], entry["configs"]["y"]
+    # 200 and 50 over their geometric mean 100.
+    assert (x["predicted_relative"], y["predicted_relative"]) == (pytest.approx(2.0),
+                                                                  pytest.approx(0.5))
+    assert (x["measured_relative"], y["measured_relative"]) == (pytest.approx(1.2),
+                                                                pytest.approx(0.8))
 
 
 def test_prediction_summary_scores_the_relative_prediction_against_the_measured_one() -> None:
