@@ -125,7 +125,7 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
                                       "predicted_retimed_window_inputs_tok_s",
                                       "predicted_window_speed_tok_s",
                                       "predicted_anchored_k0_tok_s",
-                                      "predicted_prior_speed_tok_s"}
+                                      "predicted_prior_speed_tok_s", "predicted_relative"}
     # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
     assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
 
