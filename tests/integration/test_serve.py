@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -36,7 +37,8 @@ def _start_serve(tmp_path: Path, *extra: str,
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
          "--max-num-seqs", "16", *([] if COMPILED else ["--enforce-eager"]), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -74,7 +76,8 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 def _group_alive(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,pgid,cmd"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-eo", "pid,pgid,cmd"], capture_output=True, text=True,
+                         check=False).stdout
     return [line for line in out.splitlines()[1:] if line.split()[1] == str(pgid)]
 
 
@@ -91,7 +94,7 @@ def test_malformed_table_rejected_before_engine_starts(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "loadwise.cli", "serve", "--max-k", "3",
          "--table", "[[1, 8, 2], [6, 64, 1]]"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 2
     assert "overlaps the previous range" in proc.stderr + proc.stdout
@@ -100,7 +103,7 @@ def test_malformed_table_rejected_before_engine_starts(tmp_path: Path) -> None:
     bad_file.write_text("[[1, 8, 7]]")
     proc = subprocess.run(
         [sys.executable, "-m", "loadwise.cli", "serve", "--max-k", "3", "--table", str(bad_file)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 2 and "above the engine's max k=3" in proc.stderr + proc.stdout
 
@@ -127,7 +130,7 @@ def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
     assert max(s["batch_size"] for s in steps) >= 3
     # Steps verifying 3-token drafts exist (batch 1) and every batch>=2 step verifies <= 1 each.
     assert any(s["draft_tokens_per_pos"][2] > 0 for s in steps if s["batch_size"] == 1)
-    for prev, cur in zip(steps, steps[1:]):
+    for prev, cur in itertools.pairwise(steps):
         if prev["k_next"] == 1:
             assert cur["draft_tokens_per_pos"][1] == 0
     # vLLM's own Prometheus counters agree with the step log.

@@ -64,7 +64,7 @@ def test_from_counts_rejects_nonsense() -> None:
 
 def test_high_acceptance_speculates_more_at_small_batch() -> None:
     times = times_from(linear_tokens)
-    table, choices = best_table(times, Acceptance((0.9, 0.8, 0.7, 0.6)), max_batch_size=64)
+    table, _ = best_table(times, Acceptance((0.9, 0.8, 0.7, 0.6)), max_batch_size=64)
     ks = [table.lookup(b) for b in (1, 4, 16, 64)]
     assert ks == sorted(ks, reverse=True), "k must not grow with batch size under this cost model"
     assert ks[0] == 4 and ks[-1] < 4

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
-import struct
 import tempfile
 import textwrap
 import time
@@ -12,7 +12,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -177,7 +176,7 @@ def test_device_benchmark_reads_back_everything_it_wrote(tmp_path: Path) -> None
     assert list(tmp_path.iterdir()) == []
 
 
-def _damage(root: Path, loc, at: int = 3) -> None:  # noqa: ANN001
+def _damage(root: Path, loc, at: int = 3) -> None:
     with open(root / "extents" / f"{loc.extent}.ext", "r+b") as f:
         f.seek(loc.offset + at)
         f.write(b"\xff\xfe")

@@ -38,7 +38,7 @@ def test_runs_the_module_as_main_with_its_arguments_and_ctrl_c_restored(tmp_path
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.vllm.launch", str(os.getpid()), "lw_probe", "30", "x"],
         env=_env(tmp_path), stdout=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().split() == ["main", "['30',", "'x']"]

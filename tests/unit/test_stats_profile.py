@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -81,7 +82,7 @@ def test_compaction_is_lossless_and_minimal(ks: list[int]) -> None:
     table = DraftLengthTable.from_mapping(mapping, max_k=5)
     assert table.to_mapping() == mapping
     # Fewest ranges: one per run of equal neighbours.
-    runs = 1 + sum(1 for a, b in zip(ks, ks[1:]) if a != b)
+    runs = 1 + sum(1 for a, b in itertools.pairwise(ks) if a != b)
     assert len(table.ranges) == runs
     # Emitted JSON parses back to the same table.
     assert DraftLengthTable.parse(table.to_json(), max_k=5) == table

@@ -38,7 +38,7 @@ class BadLine:
 def _parse(line: str) -> TraceRequest:
     obj = json.loads(line)
     if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
+        raise TypeError("not a JSON object")
     hashes = obj["hash_ids"]
     if not isinstance(hashes, list) or not hashes or not all(isinstance(h, int) for h in hashes):
         raise ValueError("hash_ids must be a non-empty list of integers")

@@ -132,16 +132,16 @@ class EngineSpec:
         return SCHEDULER_CLS if self.spec_method in (None, "ngram") else ASYNC_SCHEDULER_CLS
 
     def llm_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = dict(
-            model=self.model,
-            dtype=self.dtype,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            seed=self.seed,
-            scheduler_cls=self.scheduler_cls(),
-            enable_prefix_caching=self.enable_prefix_caching,
-        )
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "seed": self.seed,
+            "scheduler_cls": self.scheduler_cls(),
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
         if self.enforce_eager:
             kwargs["enforce_eager"] = True
         spec = self.speculative_config()

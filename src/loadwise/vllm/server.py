@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import requests
 
@@ -63,7 +64,7 @@ class ServerProcess:
         return [sys.executable, "-m", "loadwise.vllm.launch", str(os.getpid()),
                 "vllm.entrypoints.openai.api_server", *self.spec.server_args(self.host, self.port)]
 
-    def start(self, timeout_s: float = 600.0) -> ServerProcess:
+    def start(self, timeout_s: float = 600.0) -> Self:
         env = self.spec.env()
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
@@ -140,7 +141,7 @@ class ServerProcess:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
