@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def main() -> None:
         confidence = results["config"]["verdict_confidence"]
         rows = []
         for workload, load, losses in unresolved_loads(results):
-            med = sorted(losses)[len(losses) // 2]
+            med = statistics.median(losses)
             row: dict[str, Any] = {"workload": workload, "load": load, "rounds_run": len(losses),
                                    "median_round_loss": med, "min_round_loss": min(losses),
                                    "max_round_loss": max(losses), "by_rounds": {}}
