@@ -20,13 +20,13 @@ import json
 import random
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
+
+from evaluation_files import evaluation_files
 
 from loadwise.evaluate import load_verdict
 from loadwise.provenance import provenance, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = (24, 48, 96, 192)
 RESAMPLES = 1000
 ROUND_S = 40.0  # lower bound: 4 windows x (2 s warm-up + 8 s)
@@ -52,18 +52,17 @@ def unresolved_loads(results: dict[str, Any]) -> list[tuple[str, int, list[float
 
 
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]]
-    if not paths:
-        with_conf = [p for p in sorted(RESULTS.glob("evaluate-*.json"))
-                     if not p.stem.endswith("rescored") and "confirmation" in p.read_text()]
-        if not with_conf:
+    files = [(p, json.loads(p.read_text())) for p in evaluation_files(sys.argv[1:])]
+    if not sys.argv[1:]:
+        # The newest evaluation that ran a confirmation.
+        files = [f for f in files if any(e.get("confirmation") for res in f[1]["workloads"].values()
+                                         for e in res["loads"])][-1:]
+        if not files:
             sys.exit("no evaluation file with a confirmation")
-        paths = with_conf[-1:]
     rng = random.Random(0)
     report: dict[str, Any] = {**provenance(), "rounds": list(ROUNDS), "resamples": RESAMPLES,
                               "files": {}}
-    for path in paths:
-        results = json.loads(path.read_text())
+    for path, results in files:
         target = results["config"]["target_loss"]
         confidence = results["config"]["verdict_confidence"]
         rows = []

@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
+
+from evaluation_files import evaluation_files
 
 from loadwise.evaluate import add_relative_prediction, prediction_summary
 from loadwise.provenance import provenance, write_result
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def score(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -44,8 +43,7 @@ def score(results: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted(
-        p for p in RESULTS.glob("evaluate-*.json") if not p.stem.endswith("rescored"))
+    paths = evaluation_files(sys.argv[1:])
     report: dict[str, Any] = {**provenance(), "files": {}}
     for path in paths:
         scored = score(json.loads(path.read_text()))

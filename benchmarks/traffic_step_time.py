@@ -33,12 +33,12 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from loadwise.provenance import provenance, write_result
+from evaluation_files import evaluation_files
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from loadwise.measure.stats import sign_test_tail
+from loadwise.provenance import provenance, write_result
 
 
 def load_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -60,14 +60,8 @@ def load_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def sign_test_above(n_above: int, n: int) -> float:
-    """P(at least n_above of n fair coin flips land above): one-sided sign test."""
-    return sum(math.comb(n, i) for i in range(n_above, n + 1)) / 2 ** n
-
-
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted(
-        p for p in RESULTS.glob("evaluate-*.json") if not p.stem.endswith("rescored"))
+    paths = evaluation_files(sys.argv[1:])
     report: dict[str, Any] = {**provenance(), "files": {}, "per_load": {}}
     by_load: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for path in paths:
@@ -86,7 +80,7 @@ def main() -> None:
                    "min_ratio": min(ratios), "max_ratio": max(ratios),
                    "median_extra_ms": statistics.median(r["extra_ms"] for r in rows),
                    "median_idle_step_ms": statistics.median(r["idle_step_ms"] for r in rows),
-                   "n_above_1": above, "sign_test_p": sign_test_above(above, len(rows))}
+                   "n_above_1": above, "sign_test_p": sign_test_tail(above, len(rows))}
         report["per_load"][str(load)] = summary
         print(f"c={load:>3}: window/idle median {summary['median_ratio']:.3f} "
               f"({summary['min_ratio']:.2f}..{summary['max_ratio']:.2f}), "

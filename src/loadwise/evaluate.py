@@ -25,6 +25,7 @@ from loadwise.measure.stats import (
     decode_part_s,
     median_interval,
     prefill_s_per_token,
+    sign_test_tail,
     summarize,
 )
 from loadwise.measure.workloads import Workload, timing_prompts
@@ -430,8 +431,7 @@ def confirmation_summary(table_k: int, rival: str,
     losses = round_losses(windows)
     # Sign test: rounds with no difference say nothing either way.
     above, below = sum(x > 0 for x in losses), sum(x < 0 for x in losses)
-    n = above + below
-    tail = sum(math.comb(n, i) for i in range(max(above, below), n + 1)) / 2 ** n
+    tail = sign_test_tail(max(above, below), above + below)
     med = summarize(losses).median
     return {"table_k": table_k, "rival": rival, "round_losses": losses,
             "windows_tok_s": list(windows), "median_loss": med, "min_loss": min(losses),

@@ -218,3 +218,27 @@ def test_benchmark_results_carry_their_provenance(tmp_path: Path) -> None:
     path = write_result("bench", {**made_by, "x": 1}, tmp_path / "results")
     assert path.parent == tmp_path / "results" and path.name.startswith("bench-")
     assert json.loads(path.read_text()) == {**made_by, "x": 1}
+
+
+@given(st.integers(0, 60), st.integers(-2, 62))
+def test_sign_test_tail_is_a_fair_coin_upper_tail(n: int, k: int) -> None:
+    from loadwise.measure.stats import sign_test_tail
+    p = sign_test_tail(k, n)
+    assert 0.0 <= p <= 1.0
+    if k <= 0:
+        assert p == 1.0
+    elif k > n:
+        assert p == 0.0
+    else:
+        # At least k heads <=> at most n - k tails; the complement is at least n - k + 1 tails.
+        assert p + sign_test_tail(n - k + 1, n) == pytest.approx(1.0)
+        assert p >= sign_test_tail(k + 1, n)
+
+
+def test_sign_test_tail_values_and_bad_input() -> None:
+    from loadwise.measure.stats import sign_test_tail
+    assert sign_test_tail(3, 3) == 1 / 8
+    assert sign_test_tail(2, 3) == 4 / 8
+    assert sign_test_tail(18, 26) == pytest.approx(0.0378, abs=1e-4)
+    with pytest.raises(ValueError, match="n >= 0"):
+        sign_test_tail(0, -1)

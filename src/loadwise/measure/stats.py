@@ -46,6 +46,14 @@ class MedianInterval:
     coverage: float
 
 
+def sign_test_tail(n_at_least: int, n: int) -> float:
+    """P(at least ``n_at_least`` of ``n`` fair coin flips come up heads): the one-sided tail of
+    a sign test, where each sample lies above (or below) zero with probability 1/2."""
+    if n < 0:
+        raise ValueError(f"need n >= 0 samples, got {n}")
+    return sum(math.comb(n, i) for i in range(max(n_at_least, 0), n + 1)) / (1 << n)
+
+
 def median_interval(samples: Sequence[float], confidence: float = 0.9) -> MedianInterval:
     """The narrowest symmetric order-statistic interval whose coverage is at least
     ``confidence``. With too few samples for that (n=4 reaches 0.875 at most), the widest one,
