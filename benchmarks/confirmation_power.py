@@ -16,13 +16,12 @@ Usage: python benchmarks/confirmation_power.py [EVALUATE_JSON ...]
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
 from typing import Any
 
-from evaluation_files import evaluation_files
+from evaluation_files import evaluation_files, load_evaluation
 
 from loadwise.evaluate import load_verdict
 from loadwise.provenance import provenance, write_result
@@ -52,7 +51,7 @@ def unresolved_loads(results: dict[str, Any]) -> list[tuple[str, int, list[float
 
 
 def main() -> None:
-    files = [(p, json.loads(p.read_text())) for p in evaluation_files(sys.argv[1:])]
+    files = [(p, load_evaluation(p)) for p in evaluation_files(sys.argv[1:])]
     if not sys.argv[1:]:
         # The newest evaluation that ran a confirmation.
         files = [f for f in files if any(e.get("confirmation") for res in f[1]["workloads"].values()

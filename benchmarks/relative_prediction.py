@@ -17,12 +17,11 @@ Usage: python benchmarks/relative_prediction.py [EVALUATE_JSON ...]
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from typing import Any
 
-from evaluation_files import evaluation_files
+from evaluation_files import evaluation_files, load_evaluation
 
 from loadwise.evaluate import add_relative_prediction, prediction_summary
 from loadwise.provenance import provenance, write_result
@@ -46,7 +45,7 @@ def main() -> None:
     paths = evaluation_files(sys.argv[1:])
     report: dict[str, Any] = {**provenance(), "files": {}}
     for path in paths:
-        scored = score(json.loads(path.read_text()))
+        scored = score(load_evaluation(path))
         if scored is None:
             print(f"{path.name}: no per-repeat samples (older format), skipped")
             continue

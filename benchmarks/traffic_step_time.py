@@ -28,14 +28,13 @@ Usage: python benchmarks/traffic_step_time.py [EVALUATE_JSON ...]
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 from typing import Any
 
-from evaluation_files import evaluation_files
+from evaluation_files import evaluation_files, load_evaluation
 
 from loadwise.measure.stats import sign_test_tail
 from loadwise.provenance import provenance, write_result
@@ -65,7 +64,7 @@ def main() -> None:
     report: dict[str, Any] = {**provenance(), "files": {}, "per_load": {}}
     by_load: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for path in paths:
-        rows = load_ratios(json.loads(path.read_text()))
+        rows = load_ratios(load_evaluation(path))
         if not rows:
             continue
         report["files"][path.name] = rows
