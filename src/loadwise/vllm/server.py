@@ -90,8 +90,10 @@ class ServerProcess:
                 if log:
                     log.write(line + "\n")
                     log.flush()
-                # loadwise's own lines (table changes, fallbacks) always reach the operator.
-                if self.echo or "loadwise" in line:
+                # loadwise's own messages (table changes, fallbacks: "loadwise: ...") always
+                # reach the operator; a line that only names a path under ~/.cache/loadwise
+                # does not.
+                if self.echo or "loadwise: " in line:
                     print(line, file=sys.stderr, flush=True)
         finally:
             if log:

