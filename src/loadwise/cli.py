@@ -43,10 +43,12 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
                    help="ngram: longest n-gram to match (default: vLLM's)")
     g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
                    help=f"largest batch the engine schedules (default: {max_num_seqs})")
-    g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=2048,
+                   help="longest prompt + output in tokens (default 2048)")
     g.add_argument("--kv-cache-gib", type=int, default=4,
                    help="CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE; default 4)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="GPU vLLM: share of GPU memory for the engine (default 0.5)")
     g.add_argument("--dtype", default=None,
                    help="model dtype (default: float32, the fastest on AVX2 CPUs)")
     g.add_argument("--enforce-eager", action="store_true",
@@ -442,19 +444,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         for labels, v in sorted(samples.get("loadwise_acceptance_estimate", []),
                                 key=lambda x: int(x[0]["position"])):
             t.add_row(f"acceptance at position {labels['position']}", f"{v:.3f}")
-        for name, label in (("loadwise_draft_rate", "draft rate"),
-                            ("loadwise_predicted_goodput_tok_s", "predicted goodput tok/s"),
-                            ("loadwise_table_changes", "table changes"),
-                            ("loadwise_adaptive_up", "controller up")):
+        drafts = _gauge(samples, "loadwise_estimate_drafts")
+        needed = _gauge(samples, "loadwise_estimate_min_drafts")
+        warming = drafts is not None and needed is not None and drafts < needed
+        shown: list[tuple[str, str]] = [] if warming else [
+            ("loadwise_draft_rate", "draft rate"),
+            ("loadwise_predicted_goodput_tok_s", "predicted goodput tok/s")]
+        shown += [("loadwise_table_changes", "table changes"),
+                  ("loadwise_adaptive_up", "controller up")]
+        for name, label in shown:
             for _, v in samples.get(name, []):
                 t.add_row(label, f"{v:.3g}")
         console.print(t)
+        if warming:
+            console.print(f"controller warming up ({drafts:.0f} of {needed:.0f} drafts): no "
+                          "acceptance estimate or prediction yet; the start table is in force")
     c = spec_counters(text)
     rate = c.acceptance_rate
     console.print(f"vLLM counters: {c.num_drafts} drafts, {c.num_draft_tokens} draft tokens, "
                   f"{c.num_accepted_tokens} accepted"
                   + ("" if rate is None else f" ({rate:.1%})"))
     return 0
+
+
+def _gauge(samples: Mapping[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+    values = samples.get(name, [])
+    return values[0][1] if values else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -476,15 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="the binding --profile was tuned at, else auto"))
     serve.add_argument("--table", help="draft-length table: JSON file or inline "
                        "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--adaptive", action="store_true",
                        help="rewrite the table live from acceptance counters (needs --profile)")
     serve.add_argument("--profile", help="tune output (profile.json): its CPU binding is the "
                        "default, and --adaptive's step times")
     serve.add_argument("--state-file", help="where the live controller writes its state "
                        "(default: live-state.json next to the profile)")
-    serve.add_argument("--start-timeout", type=float, default=900.0)
+    serve.add_argument("--start-timeout", type=float, default=900.0,
+                       help="seconds to wait for the server to become healthy (default 900)")
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
     serve.set_defaults(func=cmd_serve)
 
@@ -506,14 +522,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch-sizes", type=_int_list, default=(1, 2, 4, 8, 16, 32),
                       help="batch sizes to time (default 1,2,4,8,16,32)")
     tune.add_argument("--rounds", type=int, default=3, help="passes over every k (default 3)")
-    tune.add_argument("--steps", type=int, default=6, help="timed steps per (b, k) per round")
+    tune.add_argument("--steps", type=int, default=6,
+                      help="timed steps per (b, k) per round (default 6)")
     tune.add_argument("--max-spread", type=float, default=0.25,
                       help="re-time a (b, k) whose samples spread more than this (IQR/median; "
                       "default 0.25)")
     tune.add_argument("--extra-rounds", type=_nonneg_int, default=2,
                       help="most extra rounds for noisy points (default 2; 0: off)")
-    tune.add_argument("--acceptance-seconds", type=float, default=40.0)
-    tune.add_argument("--acceptance-concurrency", type=int, default=8)
+    tune.add_argument("--acceptance-seconds", type=float, default=40.0,
+                      help="seconds of serving per workload to measure acceptance (default 40)")
+    tune.add_argument("--acceptance-concurrency", type=int, default=8,
+                      help="clients while measuring acceptance (default 8)")
     tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")
     tune.set_defaults(func=cmd_tune)
 
@@ -530,8 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--profile", required=True, help="profile.json written by loadwise tune")
     ev.add_argument("--workload", action="append", default=None,
                     help="workloads to evaluate (default: every workload in the profile)")
-    ev.add_argument("--loads", type=_int_list, default=(1, 2, 4, 8, 16))
-    ev.add_argument("--repeats", type=int, default=3)
+    ev.add_argument("--loads", type=_int_list, default=(1, 2, 4, 8, 16),
+                    help="closed-loop client counts (default 1,2,4,8,16)")
+    ev.add_argument("--repeats", type=int, default=3,
+                    help="interleaved repeats of every configuration per load (default 3)")
     ev.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
     ev.add_argument("--warmup", type=float, default=2.0,
                     help="seconds discarded per cell (continuous windows only: an aligned "
@@ -541,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "repeat's prompts and the window ends on a token count, so every "
                     "configuration decodes the same text; continuous: windows continue the "
                     "requests in flight and last --duration seconds")
-    ev.add_argument("--max-tokens", type=int, default=128)
+    ev.add_argument("--max-tokens", type=int, default=128,
+                    help="output tokens per request (default 128)")
     ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
                     help="rounds of T(c, k) re-timed before each load, to separate the model's "
                     "prediction error from machine drift since the tune (0: off; default 2)")
@@ -560,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the target: measured table at most this fraction slower than the "
                     "best fixed k (default 0.03); each load is judged met / missed / unresolved "
                     "on a 90%% interval of its median round loss")
-    ev.add_argument("--out", default="benchmarks/results")
+    ev.add_argument("--out", default="benchmarks/results",
+                    help="where the JSON and PNG go (default benchmarks/results)")
     ev.set_defaults(func=cmd_evaluate)
 
     from loadwise.kv.cli import add_parser as add_kv_parser
@@ -568,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_kv_parser(sub)
 
     status = sub.add_parser("status", help="live table and estimates of a running server")
-    status.add_argument("--url", default="http://127.0.0.1:8000")
+    status.add_argument("--url", default="http://127.0.0.1:8000",
+                        help="the server's base URL (default http://127.0.0.1:8000)")
     status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="serve the embedded model with a table, send two requests, "
@@ -576,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(demo)
     demo.add_argument("--table", default="[[1,1,3],[2,64,1]]",
                       help="draft-length table (default: [[1,1,3],[2,64,1]])")
-    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.add_argument("--max-tokens", type=int, default=96,
+                      help="output tokens per request (default 96)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -51,18 +52,30 @@ def test_sweep_through_the_server_applies_each_binding(model_dir: str, tmp_path)
     assert (tmp_path / "binding-server-auto.log").stat().st_size > 0
 
 
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 @needs_two
 def test_in_process_engine_runs_at_its_binding(model_dir: str) -> None:
-    """The tune's and evaluate's engine: its model worker obeys the spec's binding, and this
-    process's environment is untouched by it."""
+    """The tune's and evaluate's engine: its model worker obeys the spec's binding, this
+    process's environment is untouched by it, and with ngram drafting the model keeps one busy
+    thread per bound core (vLLM's ngram proposer would otherwise reset it to one thread)."""
     from loadwise.vllm.local import LocalEngine
 
     before = {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND",
-                                             "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                                             "VLLM_CPU_NUM_OF_RESERVED_CPU", "NUMBA_NUM_THREADS",
                                              "VLLM_ENABLE_V1_MULTIPROCESSING")}
     every = CpuBinding(tuple(sorted(CPUS)))
-    engine = LocalEngine(EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4,
-                                    max_model_len=1024, kv_cache_space_gib=1,
+    engine = LocalEngine(EngineSpec(model=model_dir, spec_method="ngram", max_k=2,
+                                    max_num_seqs=16, max_model_len=1024, kv_cache_space_gib=1,
                                     enforce_eager=True, cpu_binding=every))
     try:
         assert {k: os.environ.get(k) for k in before} == before
@@ -76,7 +89,14 @@ def test_in_process_engine_runs_at_its_binding(model_dir: str) -> None:
                 masks |= {line.split(":", 1)[1].strip() for line in f
                           if line.startswith("Cpus_allowed_list")}
         assert {c for m in masks for c in parse_cores(m)} == CPUS
-        out = engine.generate([engine.chat_prompt("Say hi.")], max_tokens=4)
-        assert out[0].token_ids
+        prompts = [engine.chat_prompt(f"Count from {i} to {i + 40}.") for i in range(16)]
+        engine.generate(prompts[:2], max_tokens=8)  # the first ngram proposals run here
+        cpu0, t0 = _thread_cpu_s(workers[0]), time.perf_counter()
+        out = engine.generate(prompts, max_tokens=48)
+        wall_s = time.perf_counter() - t0
+        cpu1 = _thread_cpu_s(workers[0])
+        assert all(o.token_ids for o in out)
+        busy = [t for t in cpu1 if cpu1[t] - cpu0.get(t, 0.0) > 0.25 * wall_s]
+        assert len(busy) == len(CPUS), (busy, wall_s)
     finally:
         engine.shutdown()

@@ -126,8 +126,13 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
                                       "predicted_window_speed_tok_s",
                                       "predicted_anchored_k0_tok_s",
                                       "predicted_prior_speed_tok_s", "predicted_relative"}
-    # Closed-loop windows prefill new requests: the window's own prompt/output ratio is known.
-    assert all(c["window_prompt_per_output"] > 0 for c in entry["configs"].values())
+    # The window's own prompt/output ratio: prompt tokens prefilled inside the window over its
+    # output tokens. An aligned window starts after its restart's prefill burst, so it is 0
+    # for a window in which no finished client's next request got prefilled before the window
+    # ended (possible in a window this short); over every configuration some window prefills.
+    ratios = [c["window_prompt_per_output"] for c in entry["configs"].values()]
+    assert all(r is not None and r >= 0 for r in ratios)
+    assert any(r > 0 for r in ratios)
 
 
 def _serve_adaptive(tmp_path: Path, profile: Path, extra_env: dict[str, str]):

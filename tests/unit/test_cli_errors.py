@@ -36,6 +36,21 @@ def test_bad_input_exits_2_with_reason(argv: list[str], message: str, capsys) ->
     assert message in " ".join(capsys.readouterr().err.split())
 
 
+def test_other_result_files_given_as_a_profile_say_what_they_are(capsys) -> None:
+    table = PROFILE.parent / "table-repetitive.json"
+    assert main(["report", str(table)]) == 2
+    assert "is a draft-length table file (loadwise serve --table takes it), not a tune profile" in (
+        " ".join(capsys.readouterr().err.split()))
+    assert main(["report", str(PROFILE.parent / "report.json")]) == 2
+    assert "is a tune report (report.json), not a tune profile" in " ".join(
+        capsys.readouterr().err.split())
+
+
+def test_a_directory_that_is_not_a_model_is_refused_before_vllm(tmp_path: Path, capsys) -> None:
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    assert "is not a model directory (no config.json)" in " ".join(capsys.readouterr().err.split())
+
+
 def test_corrupt_profile_rejected_by_serve_adaptive(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "profile.json"
     bad.write_text('{"version": 1}')

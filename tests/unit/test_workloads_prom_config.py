@@ -81,9 +81,9 @@ def test_spec_counters_from_metrics_text() -> None:
     assert c.minus(c).num_drafts == 0
 
 
-def test_engine_spec_renders_vllm_config(tmp_path: Path) -> None:
+def test_engine_spec_renders_vllm_config(model_stub: Path) -> None:
     table = DraftLengthTable.parse([[1, 4, 3], [5, 32, 1]], 3)
-    spec = EngineSpec(model=str(tmp_path), max_k=3, table=table, prompt_lookup_min=2)
+    spec = EngineSpec(model=str(model_stub), max_k=3, table=table, prompt_lookup_min=2)
     cfg = spec.speculative_config()
     assert cfg == {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size":
                    [[1, 4, 3], [5, 32, 1]], "method": "ngram", "prompt_lookup_min": 2}
@@ -91,29 +91,29 @@ def test_engine_spec_renders_vllm_config(tmp_path: Path) -> None:
     assert json.loads(args[args.index("--speculative-config") + 1]) == cfg
     assert "loadwise.vllm.scheduler.LoadwiseScheduler" in args
     # No table given: the static max k over every batch size, so the live lookup exists.
-    assert EngineSpec(model=str(tmp_path), max_k=2).speculative_config()[
+    assert EngineSpec(model=str(model_stub), max_k=2).speculative_config()[
         "num_speculative_tokens_per_batch_size"] == [[1, 32, 2]]
-    assert EngineSpec(model=str(tmp_path), spec_method=None).speculative_config() is None
+    assert EngineSpec(model=str(model_stub), spec_method=None).speculative_config() is None
     # Compiled by default, like vLLM; eager only when asked, in both renderings.
     assert "--enforce-eager" not in args and "enforce_eager" not in spec.llm_kwargs()
-    eager = EngineSpec(model=str(tmp_path), enforce_eager=True)
+    eager = EngineSpec(model=str(model_stub), enforce_eager=True)
     assert "--enforce-eager" in eager.server_args("127.0.0.1", 9000)
     assert eager.llm_kwargs()["enforce_eager"] is True
 
 
 def test_cpu_compile_cache_default_never_overrides_the_user(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        model_stub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The CPU build gets AOT compilation off (its artifacts cannot be loaded back); the GPU
     # build keeps vLLM's default; a value the user set wins either way.
     assert compile_env(True) == {"VLLM_USE_AOT_COMPILE": "0"} and compile_env(False) == {}
     monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: True)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
-    assert EngineSpec(model=str(tmp_path)).env()["VLLM_USE_AOT_COMPILE"] == "0"
+    assert EngineSpec(model=str(model_stub)).env()["VLLM_USE_AOT_COMPILE"] == "0"
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
-    assert EngineSpec(model=str(tmp_path)).env()["VLLM_USE_AOT_COMPILE"] == "1"
+    assert EngineSpec(model=str(model_stub)).env()["VLLM_USE_AOT_COMPILE"] == "1"
     monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: False)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
-    assert "VLLM_USE_AOT_COMPILE" not in EngineSpec(model=str(tmp_path)).env()
+    assert "VLLM_USE_AOT_COMPILE" not in EngineSpec(model=str(model_stub)).env()
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -122,9 +122,12 @@ def test_cpu_compile_cache_default_never_overrides_the_user(
     ({"max_k": 0}, "--max-k must be >= 1"),
     ({"table": DraftLengthTable.fixed(1, 2)}, "validated for max k=2"),
     ({"model": "/no/such/model"}, "does not exist"),
+    ({"model": "/"}, "is not a model directory \\(no config.json\\)"),
+    ({"model": __file__}, "is a file but not a .gguf model"),
+    ({"spec_method": "draft", "draft_model": "/"}, "--draft-model / is not a model directory"),
 ])
-def test_engine_spec_rejects_bad_input(tmp_path: Path, kwargs: dict, message: str) -> None:
-    base = {"model": str(tmp_path), "max_k": 3}
+def test_engine_spec_rejects_bad_input(model_stub: Path, kwargs: dict, message: str) -> None:
+    base = {"model": str(model_stub), "max_k": 3}
     with pytest.raises(EngineConfigError, match=message):
         EngineSpec(**{**base, **kwargs})
 

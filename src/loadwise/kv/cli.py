@@ -23,9 +23,12 @@ def add_parser(sub: Any) -> None:
     kv = sub.add_parser("kv", help="KV-cache store: trace replay of placement policies")
     kv_sub = kv.add_subparsers(dest="kv_command", required=True, metavar="ACTION")
     rp = kv_sub.add_parser("replay", help="replay a Mooncake-format trace (JSONL)")
-    rp.add_argument("trace", help="trace path, e.g. ../shared/data/traces/mooncake_conversation_trace.jsonl")
-    rp.add_argument("--policies", default=",".join(sorted(POLICIES)))
-    rp.add_argument("--speedups", default="1,2,4,8,16,32", help="arrival-time compression factors")
+    rp.add_argument("trace", help="a Mooncake-format JSONL trace (one request per line: "
+                    "timestamp, input_length, output_length, hash_ids)")
+    rp.add_argument("--policies", default=",".join(sorted(POLICIES)),
+                    help=f"placement policies to compare (default: {','.join(sorted(POLICIES))})")
+    rp.add_argument("--speedups", default="1,2,4,8,16,32",
+                    help="arrival-time compression factors (default 1,2,4,8,16,32)")
     rp.add_argument("--memory-frac", type=float, default=0.05,
                     help="memory capacity as a fraction of the unique-block footprint")
     rp.add_argument("--ssd-frac", type=float, default=0.5,
@@ -53,7 +56,8 @@ def add_parser(sub: Any) -> None:
                     help="run the validation slice as fast as its I/O goes instead of at the "
                     "trace's arrival times (×1): reads then queue behind writes the model has "
                     "long drained")
-    rp.add_argument("--out", default="benchmarks/results")
+    rp.add_argument("--out", default="benchmarks/results",
+                    help="where the JSON and PNG go (default benchmarks/results)")
     rp.set_defaults(func=cmd_replay)
 
 

@@ -84,6 +84,13 @@ class Profile:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Profile:
+        if not isinstance(d, Mapping):
+            raise ProfileError(f"expected a tune profile (a JSON object), got a JSON "
+                               f"{type(d).__name__}")
+        kind = _other_result_kind(d)
+        if kind is not None:
+            raise ProfileError(f"this is {kind}, not a tune profile: give the profile.json "
+                               "that loadwise tune wrote next to it")
         try:
             if d.get("version") != PROFILE_VERSION:
                 raise ProfileError(
@@ -130,3 +137,14 @@ class Profile:
             return cls.from_json(raw)
         except ProfileError as exc:
             raise ProfileError(f"{p}: {exc}") from exc
+
+
+def _other_result_kind(d: Mapping[str, Any]) -> str | None:
+    """What a JSON file loadwise wrote is, when it is not a profile (None: no other kind)."""
+    if "num_speculative_tokens_per_batch_size" in d:
+        return "a draft-length table file (loadwise serve --table takes it)"
+    if "workloads" in d and "profile" in d:
+        return "a tune report (report.json)"
+    if "workloads" in d and "verdict" in d:
+        return "an evaluation result (loadwise evaluate wrote it)"
+    return None

@@ -18,6 +18,12 @@ from typing import Any
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+# vLLM's ngram proposer calls numba's set_num_threads(1) around each proposal and then restores
+# numba's default, which under numba's OpenMP layer sets the worker's OpenMP thread count. numba
+# takes that default from the process's CPU affinity at import, after libgomp has pinned the
+# worker's main thread to the first bound core: 1. From the first proposal on, the model then runs
+# on one thread whatever the binding. Setting numba's count to the binding's cores keeps them.
+NUMBA_THREADS_ENV = "NUMBA_NUM_THREADS"
 AUTO = "auto"
 ALL = "all"
 
@@ -109,10 +115,12 @@ class CpuBinding:
 
     def env(self) -> dict[str, str | None]:
         """vLLM's variables for this binding; None means the variable must be unset (vLLM's
-        own default), so an inherited value cannot silently change the binding."""
+        own default), so an inherited value cannot silently change the binding. ``auto`` is
+        left exactly as vLLM does it (the core count it picks is vLLM's to decide)."""
         if self.cores is None:
             return {BIND_ENV: AUTO, RESERVED_ENV: None}
-        return {BIND_ENV: format_cores(self.cores), RESERVED_ENV: "0"}
+        return {BIND_ENV: format_cores(self.cores), RESERVED_ENV: "0",
+                NUMBA_THREADS_ENV: str(len(self.cores))}
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "cores": None if self.cores is None else list(self.cores)}

@@ -111,8 +111,9 @@ class EngineSpec:
                 raise EngineConfigError(
                     f"table was validated for max k={self.table.max_k}, engine has --max-k {self.max_k}"
                 )
-        if not Path(self.model).exists():
-            raise EngineConfigError(f"model path {self.model} does not exist")
+        _check_model_path(self.model, "model")
+        if self.draft_model:
+            _check_model_path(self.draft_model, "--draft-model")
 
     def effective_table(self) -> DraftLengthTable | None:
         """The table the engine starts with: given, else the static max_k over every batch size.
@@ -185,6 +186,20 @@ class EngineSpec:
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
         return apply_env(env, self.cpu_binding) if cpu else env
+
+
+def _check_model_path(path: str, what: str) -> None:
+    """A model is a Hugging Face-style directory (config.json) or a GGUF file; anything else
+    is refused here, before vLLM spends its start-up on it."""
+    p = Path(path)
+    if not p.exists():
+        raise EngineConfigError(f"{what} path {path} does not exist")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise EngineConfigError(f"{what} {path} is not a model directory (no config.json): give "
+                                "a Hugging Face-format model directory or a .gguf file")
+    if p.is_file() and p.suffix != ".gguf":
+        raise EngineConfigError(f"{what} {path} is a file but not a .gguf model: give a model "
+                                "directory or a .gguf file")
 
 
 def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:

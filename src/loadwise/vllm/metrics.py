@@ -40,6 +40,10 @@ def _gauges() -> dict[str, Any]:
             changes=G("loadwise_table_changes", "Table changes made by the controller"),
             up=G("loadwise_adaptive_up", "1 while the adaptive controller runs, 0 after a "
                  "failure sent the engine back to its static table"),
+            drafts=G("loadwise_estimate_drafts",
+                     "Decayed drafts behind the acceptance estimate"),
+            min_drafts=G("loadwise_estimate_min_drafts",
+                         "Drafts the estimate needs before the controller decides"),
         )
     return _GAUGES
 
@@ -82,6 +86,8 @@ class LoadwiseStatLogger(StatLoggerBase):
         if state.get("predicted_goodput_tok_s") is not None:
             g["goodput"].set(state["predicted_goodput_tok_s"])
         g["changes"].set(state.get("num_changes", 0))
+        g["drafts"].set(state.get("effective_drafts") or 0.0)
+        g["min_drafts"].set((state.get("config") or {}).get("min_drafts", 0))
         g["up"].set(1 if state.get("status") == "adaptive" else 0)
 
     def log_engine_initialized(self) -> None:
