@@ -22,9 +22,10 @@ import sys
 from typing import Any
 
 from evaluation_files import evaluation_files, load_evaluation
+from results_io import write_result
 
 from loadwise.evaluate import load_verdict
-from loadwise.provenance import provenance, write_result
+from loadwise.provenance import provenance
 
 ROUNDS = (24, 48, 96, 192)
 RESAMPLES = 1000

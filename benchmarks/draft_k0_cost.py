@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 
-from loadwise.provenance import provenance, write_result
+from results_io import write_result
+
+from loadwise.provenance import provenance
 
 BATCH_SIZES = (1, 4, 16)
 MAX_K = 2

@@ -27,7 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadwise.provenance import provenance, write_result
+from results_io import write_result
+
+from loadwise.provenance import provenance
 
 BATCH_SIZES = (1, 8, 32)
 MAX_K = 2

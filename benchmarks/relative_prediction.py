@@ -22,9 +22,10 @@ import sys
 from typing import Any
 
 from evaluation_files import evaluation_files, load_evaluation
+from results_io import write_result
 
 from loadwise.evaluate import add_relative_prediction, prediction_summary
-from loadwise.provenance import provenance, write_result
+from loadwise.provenance import provenance
 
 
 def score(results: dict[str, Any]) -> dict[str, Any] | None:

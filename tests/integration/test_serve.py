@@ -18,7 +18,7 @@ import requests
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.vllm.server import free_port
 
-from .conftest import CLEAN_ENV, COMPILED
+from .conftest import COMPILED, CPU_BINDING
 from .test_engine import PROMPTS
 
 START_TIMEOUT_S = 600
@@ -26,16 +26,17 @@ START_TIMEOUT_S = 600
 
 def _start_serve(tmp_path: Path, *extra: str,
                  env_extra: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, Path]:
-    """`loadwise serve` in its own session. Its environment is the one from before any
-    in-process engine (CLEAN_ENV) plus ``env_extra``: changes to os.environ do not reach it."""
+    """`loadwise serve` in its own session, at the tests' CPU binding (``extra`` may name
+    another), with this process's environment plus ``env_extra``."""
     port = free_port()
     step_log = tmp_path / f"steps-{port}.jsonl"
-    env = dict(CLEAN_ENV, LOADWISE_STEP_LOG=str(step_log), **(env_extra or {}))
+    env = dict(os.environ, LOADWISE_STEP_LOG=str(step_log), **(env_extra or {}))
     # Started with SIGINT ignored, as a background job of a non-interactive shell (CI, nohup
     # scripts) starts it: Ctrl-C handling must not depend on the inherited disposition.
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--kv-cache-gib", "2",
-         "--max-num-seqs", "16", *([] if COMPILED else ["--enforce-eager"]), *extra],
+         "--max-num-seqs", "16", *([] if COMPILED else ["--enforce-eager"]),
+         *([] if "--cpu-binding" in extra else ["--cpu-binding", CPU_BINDING]), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509

@@ -44,6 +44,8 @@ def tiny_profile(engine, tmp_path_factory) -> Path:
 def test_tiny_tune_gives_a_table_vllm_accepts_and_applies(engine, tiny_profile: Path) -> None:
     profile = Profile.load(tiny_profile)
     assert set(profile.step_samples_s) == {(b, k) for b in (1, 2, 4) for k in range(MAX_K + 1)}
+    # The step times hold for the binding the engine ran at, and the profile says which.
+    assert profile.meta["cpu_binding"] == engine.spec.cpu_binding.to_json()
     # Timing prompts make the drafter fill most of k.
     assert profile.drafts_per_req[(1, MAX_K)] > MAX_K / 2
     table = profile.table_for("repetitive")

@@ -8,8 +8,8 @@ import pytest
 
 from loadwise.cli import main
 
-# A real profile written by `loadwise tune`, kept with the results.
-PROFILE = (Path(__file__).parents[2] / "benchmarks/results/tune-20261130-173313/profile.json")
+# A real profile written by `loadwise tune` (a copy of benchmarks/results/tune-20261130-173313).
+PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.json"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -199,7 +199,7 @@ def test_best_table_smooths_the_tie_seen_in_a_real_tune() -> None:
 
     from loadwise.measure.profile import Profile
 
-    path = Path(__file__).parents[2] / "benchmarks/results/tune-20261130-173313/profile.json"
+    path = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.json"
     profile = Profile.load(path)
     times, acc = profile.step_times(), profile.acceptance_for("sharegpt")
     assert choose(4, times, acc).k == 3
@@ -314,7 +314,7 @@ def test_a_rise_inside_the_step_time_noise_of_a_real_tune_is_smoothed() -> None:
 
     from loadwise.measure.profile import Profile
 
-    path = Path(__file__).parents[2] / "benchmarks/results/tune-20261201-001613/profile.json"
+    path = Path(__file__).parents[1] / "fixtures/tune-20261201-001613/profile.json"
     profile = Profile.load(path)
     times, acc = profile.step_times(), profile.acceptance_for("repetitive")
     medians_only = StepTimes(times.step_time_s, times.drafts_per_req)

@@ -56,8 +56,8 @@ def add_parser(sub: Any) -> None:
                     help="run the validation slice as fast as its I/O goes instead of at the "
                     "trace's arrival times (×1): reads then queue behind writes the model has "
                     "long drained")
-    rp.add_argument("--out", default="benchmarks/results",
-                    help="where the JSON and PNG go (default benchmarks/results)")
+    rp.add_argument("--out", default="loadwise-kv",
+                    help="where the JSON and PNG go (default ./loadwise-kv)")
     rp.set_defaults(func=cmd_replay)
 
 

@@ -65,6 +65,10 @@ class ServerProcess:
                 "vllm.entrypoints.openai.api_server", *self.spec.server_args(self.host, self.port)]
 
     def start(self, timeout_s: float = 600.0) -> Self:
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> Self:
+        """Start the server process and return at once (see :meth:`wait_ready`)."""
         env = self.spec.env()
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
@@ -73,6 +77,10 @@ class ServerProcess:
         )
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
+        return self
+
+    def wait_ready(self, timeout_s: float = 600.0) -> Self:
+        """Block until /health answers; on failure or timeout stop the server and raise."""
         try:
             self._wait_healthy(timeout_s)
         except BaseException:
