@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -470,7 +471,27 @@ def _gauge(samples: Mapping[str, list[tuple[dict[str, str], float]]], name: str)
     return values[0][1] if values else None
 
 
+def _default(cls: type, name: str) -> Any:
+    """A config dataclass's default for ``name``: the parser reads its defaults from the
+    configs, so each default is written once."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{cls.__name__} has no field {name!r} with a default")
+
+
+def _csv(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from loadwise.cpu_binding import SweepConfig
+    from loadwise.evaluate import EvalConfig
+    from loadwise.tune import TuneConfig
+
     parser = argparse.ArgumentParser(
         prog="loadwise",
         description="Measure and adapt LLM-serving settings on vLLM (draft-length tables, KV placement).",
@@ -507,30 +528,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(tune, binding_help=BINDING_HELP.format(
         default="measure: time every candidate through vLLM's server, then tune at the "
                 "fastest") + "; measure|auto|all|CORES")
-    tune.add_argument("--binding-rounds", type=int, default=2,
-                      help="--cpu-binding measure: interleaved rounds per load (default 2)")
-    tune.add_argument("--binding-window-s", type=float, default=6.0,
-                      help="--cpu-binding measure: seconds measured per window (default 6)")
+    tune.add_argument("--binding-rounds", type=int, default=_default(SweepConfig, "rounds"),
+                      help="--cpu-binding measure: interleaved rounds per load "
+                      f"(default {_default(SweepConfig, 'rounds')})")
+    tune.add_argument("--binding-window-s", type=float, default=_default(SweepConfig, "window_s"),
+                      help="--cpu-binding measure: seconds measured per window "
+                      f"(default {_default(SweepConfig, 'window_s'):g})")
     tune.add_argument("--binding-workload", default="sharegpt",
                       help="--cpu-binding measure: prompts the servers are loaded with "
                       "(default sharegpt)")
     tune.add_argument("--workload", action="append", default=None,
                       help="built-in workload (repetitive, sharegpt/open-ended) or a prompts "
                       "file (.jsonl/.txt); repeat for several (default: repetitive and sharegpt)")
-    tune.add_argument("--batch-sizes", type=_int_list, default=(1, 2, 4, 8, 16, 32),
-                      help="batch sizes to time (default 1,2,4,8,16,32)")
-    tune.add_argument("--rounds", type=int, default=3, help="passes over every k (default 3)")
-    tune.add_argument("--steps", type=int, default=6,
-                      help="timed steps per (b, k) per round (default 6)")
-    tune.add_argument("--max-spread", type=float, default=0.25,
+    t = functools.partial(_default, TuneConfig)
+    tune.add_argument("--batch-sizes", type=_int_list, default=t("batch_sizes"),
+                      help=f"batch sizes to time (default {_csv(t('batch_sizes'))})")
+    tune.add_argument("--rounds", type=int, default=t("rounds"),
+                      help=f"passes over every k (default {t('rounds')})")
+    tune.add_argument("--steps", type=int, default=t("steps_per_point"),
+                      help=f"timed steps per (b, k) per round (default {t('steps_per_point')})")
+    tune.add_argument("--max-spread", type=float, default=t("max_spread"),
                       help="re-time a (b, k) whose samples spread more than this (IQR/median; "
-                      "default 0.25)")
-    tune.add_argument("--extra-rounds", type=_nonneg_int, default=2,
-                      help="most extra rounds for noisy points (default 2; 0: off)")
-    tune.add_argument("--acceptance-seconds", type=float, default=40.0,
-                      help="seconds of serving per workload to measure acceptance (default 40)")
-    tune.add_argument("--acceptance-concurrency", type=int, default=8,
-                      help="clients while measuring acceptance (default 8)")
+                      f"default {t('max_spread')})")
+    tune.add_argument("--extra-rounds", type=_nonneg_int, default=t("extra_rounds"),
+                      help=f"most extra rounds for noisy points (default {t('extra_rounds')}; "
+                      "0: off)")
+    tune.add_argument("--acceptance-seconds", type=float, default=t("acceptance_seconds"),
+                      help="seconds of serving per workload to measure acceptance "
+                      f"(default {t('acceptance_seconds'):g})")
+    tune.add_argument("--acceptance-concurrency", type=int, default=t("acceptance_concurrency"),
+                      help=f"clients while measuring acceptance (default "
+                      f"{t('acceptance_concurrency')})")
     tune.add_argument("--out", default="loadwise-tune", help="report directory (default ./loadwise-tune)")
     tune.set_defaults(func=cmd_tune)
 
@@ -547,39 +575,34 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--profile", required=True, help="profile.json written by loadwise tune")
     ev.add_argument("--workload", action="append", default=None,
                     help="workloads to evaluate (default: every workload in the profile)")
-    ev.add_argument("--loads", type=_int_list, default=(1, 2, 4, 8, 16),
-                    help="closed-loop client counts (default 1,2,4,8,16)")
-    ev.add_argument("--repeats", type=int, default=3,
-                    help="interleaved repeats of every configuration per load (default 3)")
-    ev.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
-    ev.add_argument("--warmup", type=float, default=2.0,
-                    help="seconds discarded per cell (continuous windows only: an aligned "
-                    "window discards its restart's prefill burst instead)")
+    e = functools.partial(_default, EvalConfig)
+    ev.add_argument("--loads", type=_int_list, default=e("loads"),
+                    help=f"closed-loop client counts (default {_csv(e('loads'))})")
+    ev.add_argument("--repeats", type=int, default=e("repeats"),
+                    help=f"interleaved repeats of every configuration per load "
+                    f"(default {e('repeats')})")
+    ev.add_argument("--duration", type=float, default=e("duration_s"),
+                    help=f"seconds measured per cell (default {e('duration_s'):g})")
+    ev.add_argument("--warmup", type=float, default=e("warmup_s"),
+                    help=f"continuous windows: seconds discarded per cell (default "
+                    f"{e('warmup_s'):g})")
     ev.add_argument("--windows", choices=("aligned", "continuous"), default="aligned",
-                    help="aligned (default): before each window the clients restart on the "
-                    "repeat's prompts and the window ends on a token count, so every "
-                    "configuration decodes the same text; continuous: windows continue the "
-                    "requests in flight and last --duration seconds")
-    ev.add_argument("--max-tokens", type=int, default=128,
-                    help="output tokens per request (default 128)")
-    ev.add_argument("--retime-rounds", type=_nonneg_int, default=2,
-                    help="rounds of T(c, k) re-timed before each load, to separate the model's "
-                    "prediction error from machine drift since the tune (0: off; default 2)")
-    ev.add_argument("--confirm-rounds", type=_nonneg_int, default=6,
-                    help="after each load: rounds of 4 fresh windows (ABBA) of the measured "
-                    "table against the fastest other fixed k, scored on new windows "
-                    "(0: off; default 6: even, so ABBA and BAAB rounds balance, and the "
-                    "min..max interval of 6 round losses holds their median with 97%% coverage)")
-    ev.add_argument("--confirm-max-rounds", type=_nonneg_int, default=None,
-                    help="sequential confirmation: a load still unresolved after "
-                    "--confirm-rounds rounds gets more, doubling up to this many; one that "
-                    "resolves stops. Each look is judged at confidence 1 - 10%% / number of looks "
-                    "(Bonferroni), so stopping early keeps the stated confidence "
-                    "(default: exactly --confirm-rounds)")
-    ev.add_argument("--target-loss", type=float, default=0.03,
-                    help="the target: measured table at most this fraction slower than the "
-                    "best fixed k (default 0.03); each load is judged met / missed / unresolved "
-                    "on a 90%% interval of its median round loss")
+                    help="aligned (default): every configuration decodes the same text; "
+                    "continuous: windows continue the requests in flight (docs/evaluate.md)")
+    ev.add_argument("--max-tokens", type=int, default=e("max_tokens"),
+                    help=f"output tokens per request (default {e('max_tokens')})")
+    ev.add_argument("--retime-rounds", type=_nonneg_int, default=e("retime_rounds"),
+                    help=f"rounds of T(c, k) re-timed before each load (default "
+                    f"{e('retime_rounds')}; 0: off)")
+    ev.add_argument("--confirm-rounds", type=_nonneg_int, default=e("confirm_rounds"),
+                    help=f"rounds of the table head-to-head with the fastest other fixed k per "
+                    f"load (default {e('confirm_rounds')}; 0: off)")
+    ev.add_argument("--confirm-max-rounds", type=_nonneg_int, default=e("confirm_max_rounds"),
+                    help="sequential confirmation: unresolved loads get more rounds, doubling "
+                    "up to this many (default: exactly --confirm-rounds)")
+    ev.add_argument("--target-loss", type=float, default=e("target_loss"),
+                    help=f"the target: measured table at most this fraction slower than the "
+                    f"best fixed k (default {e('target_loss')})")
     ev.add_argument("--out", default="loadwise-evaluate",
                     help="where the JSON and PNG go (default ./loadwise-evaluate)")
     ev.set_defaults(func=cmd_evaluate)

@@ -158,3 +158,23 @@ def test_binding_defaults_come_from_the_profile(tmp_path: Path) -> None:
 def test_bad_cpu_binding_exits_2(value: str, message: str, capsys) -> None:
     assert main(["serve", "--cpu-binding", value]) == 2
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_parser_defaults_are_the_configs_defaults() -> None:
+    from loadwise.cli import build_parser
+    from loadwise.cpu_binding import SweepConfig
+    from loadwise.evaluate import EvalConfig
+    from loadwise.tune import TuneConfig
+
+    parser = build_parser()
+    t, tc, sc = parser.parse_args(["tune"]), TuneConfig(), SweepConfig()
+    assert (t.batch_sizes, t.rounds, t.steps, t.max_spread, t.extra_rounds,
+            t.acceptance_seconds, t.acceptance_concurrency) == (
+        tc.batch_sizes, tc.rounds, tc.steps_per_point, tc.max_spread, tc.extra_rounds,
+        tc.acceptance_seconds, tc.acceptance_concurrency)
+    assert (t.binding_rounds, t.binding_window_s) == (sc.rounds, sc.window_s)
+    e, ec = parser.parse_args(["evaluate", "--profile", "p.json"]), EvalConfig()
+    assert (e.loads, e.repeats, e.duration, e.warmup, e.max_tokens, e.retime_rounds,
+            e.confirm_rounds, e.confirm_max_rounds, e.target_loss) == (
+        ec.loads, ec.repeats, ec.duration_s, ec.warmup_s, ec.max_tokens, ec.retime_rounds,
+        ec.confirm_rounds, ec.confirm_max_rounds, ec.target_loss)
