@@ -52,6 +52,12 @@ def test_sweep_through_the_server_applies_each_binding(model_dir: str, tmp_path)
     assert (tmp_path / "binding-server-auto.log").stat().st_size > 0
 
 
+def _children() -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True,
+                         check=False).stdout.split()
+    return [int(pid) for pid in out]
+
+
 def _thread_cpu_s(pid: int) -> dict[str, float]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -74,15 +80,15 @@ def test_in_process_engine_runs_at_its_binding(model_dir: str) -> None:
                                              "VLLM_CPU_NUM_OF_RESERVED_CPU", "NUMBA_NUM_THREADS",
                                              "VLLM_ENABLE_V1_MULTIPROCESSING")}
     every = CpuBinding(tuple(sorted(CPUS)))
+    earlier = set(_children())  # processes other tests in this session may have left
     engine = LocalEngine(EngineSpec(model=model_dir, spec_method="ngram", max_k=2,
                                     max_num_seqs=16, max_model_len=1024, kv_cache_space_gib=1,
                                     enforce_eager=True, cpu_binding=every))
     try:
         assert {k: os.environ.get(k) for k in before} == before
-        kids = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
-                              text=True, check=False).stdout.split()
-        workers = [int(k) for k in kids if "Worker" in Path(f"/proc/{k}/cmdline").read_text()]
-        assert len(workers) == 1
+        workers = [pid for pid in set(_children()) - earlier
+                   if "Worker" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(workers) == 1, workers
         masks = set()
         for tid in os.listdir(f"/proc/{workers[0]}/task"):
             with open(f"/proc/{workers[0]}/task/{tid}/status") as f:
