@@ -18,12 +18,78 @@ def req(t: float, hashes: list[int]) -> TraceRequest:
     return TraceRequest(t, 512 * len(hashes), 10, tuple(hashes))
 
 
+class RecordingPolicy:
+    """A registered policy, with the home it gave every block created in the last request."""
+
+    def __init__(self, policy: object) -> None:
+        self.policy = policy
+        self.name = policy.name  # type: ignore[attr-defined]
+        self.homes: dict[int, Medium | None] = {}
+
+    def home(self, info: BlockInfo) -> Medium | None:
+        medium = self.policy.home(info)  # type: ignore[attr-defined]
+        self.homes[info.key] = medium
+        return medium
+
+    def offload_on_evict(self) -> bool:
+        return bool(self.policy.offload_on_evict())  # type: ignore[attr-defined]
+
+    def promote_on_hit(self) -> bool:
+        return bool(self.policy.promote_on_hit())  # type: ignore[attr-defined]
+
+
+def chained_trace(prompts: list[list[int]]) -> list[TraceRequest]:
+    """Hashes chained so equal ids mean equal prefixes, as in the trace."""
+    out = []
+    for i, p in enumerate(prompts):
+        chained, h = [], 0
+        for x in p:
+            h = hash((h, x)) & 0xFFFFFFFF
+            chained.append(h)
+        out.append(TraceRequest(i * 0.01, 512 * len(chained), 10, tuple(chained)))
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_policy_contract(name: str) -> None:
-    policy = create_policy(name)
-    home = policy.home(BlockInfo(key=1, session=1, block_index=0, prompt_blocks=1))
-    assert home in (Medium.MEMORY, Medium.SSD, None)
-    assert isinstance(policy.offload_on_evict(), bool) and isinstance(policy.promote_on_hit(), bool)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=10), min_size=1, max_size=40),
+       st.integers(0, 10), st.integers(0, 20), st.integers(1, 4))
+def test_policy_contract(name: str, prompts: list[list[int]], mem_blocks: int,
+                         ssd_blocks: int, extent_blocks: int) -> None:
+    """What every registered policy must keep, request by request, on a device fast enough
+    that no read is abandoned and no write dropped: no medium over its capacity; a stored block
+    is found (each request hits exactly its longest stored prefix); nothing leaves a medium
+    before it has been written more blocks than it holds; and a block enters a medium only where
+    the policy placed it at creation, unless the policy offloads on eviction (into SSD) or
+    promotes on hit (into memory)."""
+    policy = RecordingPolicy(create_policy(name))
+    cfg = StoreConfig(block_bytes=1 << 20, memory_bytes=mem_blocks << 20,
+                      ssd_bytes=ssd_blocks << 20, extent_blocks=extent_blocks)
+    r = Replayer(policy, cfg, FAST)  # type: ignore[arg-type]
+    for q in chained_trace(prompts):
+        mem0, ssd0 = set(r.memory.blocks), set(r.ssd.where)
+        stored_prefix = 0
+        for h in q.hash_ids[:q.input_tokens // 512]:
+            if h not in r.seen or (h not in mem0 and h not in ssd0):
+                break
+            stored_prefix += 1
+        hits0 = r.stats.hit_blocks
+        policy.homes.clear()
+        r.request(q)
+        mem1, ssd1 = set(r.memory.blocks), set(r.ssd.where)
+        assert len(mem1) <= mem_blocks and len(ssd1) <= ssd_blocks
+        assert r.stats.hit_blocks - hits0 == stored_prefix
+        new_mem, new_ssd = mem1 - mem0, ssd1 - ssd0
+        # Until a medium has been written more blocks than it holds, nothing leaves it.
+        written = {m: n // cfg.block_bytes for m, n in r.stats.bytes_written.items()}
+        if written["memory"] <= mem_blocks:
+            assert mem0 <= mem1
+        if written["ssd"] <= ssd_blocks:
+            assert ssd0 <= ssd1
+        if not policy.promote_on_hit():
+            assert new_mem <= {k for k, m in policy.homes.items() if m is Medium.MEMORY}
+        if not policy.offload_on_evict():
+            assert new_ssd <= {k for k, m in policy.homes.items() if m is Medium.SSD}
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -42,14 +108,7 @@ def test_unbounded_store_reads_back_everything(name: str) -> None:
 def test_replay_never_reads_more_than_the_ceiling(name: str, prompts: list[list[int]],
                                                   mem_blocks: int, ssd_blocks: int,
                                                   speedup: float) -> None:
-    # Chain hashes so equal ids mean equal prefixes, as in the trace.
-    trace = []
-    for i, p in enumerate(prompts):
-        chained, h = [], 0
-        for x in p:
-            h = hash((h, x)) & 0xFFFFFFFF
-            chained.append(h)
-        trace.append(req(i * 0.01, chained))
+    trace = chained_trace(prompts)
     cfg = StoreConfig(block_bytes=1 << 20, memory_bytes=mem_blocks << 20,
                       ssd_bytes=ssd_blocks << 20, extent_blocks=4)
     slow = DeviceModel(read_bw_bytes_s=1e8, write_bw_bytes_s=1e8, read_latency_s=1e-3,

@@ -1,7 +1,8 @@
 """Where a KV block lives: placement policies behind one interface, selected by name.
 
-A policy is consulted at three moments and nowhere else, so the same object drives the real
-store (``loadwise.kv.store``) and the trace replay (``loadwise.kv.replay``):
+A policy is consulted at three moments and nowhere else, so the same object drives the trace
+replay (``loadwise.kv.replay``, over the real SSD medium of ``loadwise.kv.ssd`` in its
+validation slice) and any store built on these media:
 
   * ``home(info)``          a block is created: memory, SSD, or not stored;
   * ``offload_on_evict()``  memory evicts a block: write it to SSD (tiered) or drop it (flat);
@@ -92,9 +93,9 @@ class FlatPolicy(PlacementPolicy):
     """Memory and SSD at one level, decided at creation.
 
     Shared prefixes (the leading ``shared_prefix_blocks`` of every prompt, where system prompts
-    sit, or blocks whose parent prefix other requests already used) and short sessions go to
-    memory; blocks of sessions longer than ``short_session_blocks`` go straight to SSD, appended
-    contiguously to their session's extent. When the SSD's write queue is past
+    sit, or blocks whose parent prefix other requests already used) and the blocks of short
+    prompts (at most ``short_session_blocks`` blocks) go to memory; the blocks of longer prompts
+    go straight to SSD, appended contiguously to their session's extent. When the SSD's write queue is past
     ``pressure_threshold``, first turns also go to memory: most conversations never send a
     second turn, so the SSD's write time is kept for sessions that already came back (whose
     next turn is likelier), instead of dropping writes at random as the queue overflows.
