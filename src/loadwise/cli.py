@@ -112,27 +112,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     extra_env: dict[str, str] = {}
     if args.adaptive:
-        from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, load_checked_profile
+        from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
 
         if not args.profile:
             raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
         if args.spec_method == "none":
             raise UsageError("--adaptive needs speculation: drop --spec-method none")
     binding = None
+    profile = None
     if args.profile:
         from loadwise.measure.profile import Profile
 
-        meta = Profile.load(args.profile).meta
+        profile = Profile.load(args.profile)
         if args.adaptive:
-            binding = _binding_for_profile(args, meta, "the adaptive engine")
+            binding = _binding_for_profile(args, profile.meta, "the adaptive engine")
         elif args.cpu_binding is None:
             from loadwise.vllm.binding import profile_binding
 
-            binding = profile_binding(meta)
+            binding = profile_binding(profile.meta)
     spec = _engine_spec(args, args.table, binding=binding)
     if args.adaptive:
-        # Reject a corrupt or mismatched profile before any engine starts.
-        load_checked_profile(args.profile, spec.max_k, spec.model, spec.cpu_binding)
+        assert profile is not None  # --adaptive without --profile was refused above
+        # Reject a mismatched profile before any engine starts.
+        check_profile(profile, args.profile, spec.max_k, spec.model, spec.cpu_binding)
         state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()
         extra_env = {ENV_PROFILE: str(Path(args.profile).resolve()), ENV_STATE: str(state)}
         console.print(f"adaptive tables on: profile {args.profile}, live state in {state}")

@@ -30,6 +30,7 @@ from loadwise.vllm.binding import CpuBinding
 from loadwise.vllm.config import EngineSpec, on_cpu
 
 Advance = Callable[[str], None]
+ROLES = ("api_server", "engine_core", "worker")  # the server processes CPU time is kept for
 
 
 class BindingSweepError(ValueError):
@@ -123,6 +124,12 @@ class BindingSweep:
             out.setdefault(w.load, {b.name: [] for b in self.candidates})[w.binding].append(w.tok_s)
         return out
 
+    def cores_busy(self, binding: str) -> dict[str, float]:
+        """Per server process role: CPU seconds over wall seconds across the binding's windows."""
+        ws = [w for w in self.windows if w.binding == binding]
+        wall_s = sum(w.wall_s for w in ws)
+        return {role: sum(w.cpu_s.get(role, 0.0) for w in ws) / wall_s for role in ROLES}
+
     def decision(self) -> BindingDecision:
         return choose_binding(self.samples(), self.candidates[0].name, self.config.min_gain)
 
@@ -183,7 +190,7 @@ def measure_bindings(spec: EngineSpec, candidates: Sequence[CpuBinding], workloa
                     windows.append(_window(servers, i, candidates[i], model, workload, load, r,
                                            len(windows), cfg))
                     advance(f"binding {candidates[i].name} c={load}")
-        facts = [dataclasses.replace(f, worker_affinity=thread_affinity(_pgid(s)))
+        facts = [dataclasses.replace(f, worker_affinity=thread_affinity(s.pgid))
                  for f, s in zip(facts, servers)]
     finally:
         for s in servers:
@@ -194,27 +201,22 @@ def measure_bindings(spec: EngineSpec, candidates: Sequence[CpuBinding], workloa
     return BindingSweep(cfg, tuple(candidates), tuple(facts), tuple(windows), engine)
 
 
-def _pgid(server: Any) -> int:
-    # ServerProcess starts vLLM in its own session: the group id is the child's pid.
-    return int(server.proc.pid)
-
-
 def _window(servers: Sequence[Any], i: int, binding: CpuBinding, model: str,
             workload: Workload, load: int, r: int, order: int, cfg: SweepConfig
             ) -> BindingWindow:
     server = servers[i]
-    others = [_pgid(s) for j, s in enumerate(servers) if j != i]
+    others = [s.pgid for j, s in enumerate(servers) if j != i]
     clients = ClosedLoopClients(server.url, model, workload.cycle(cfg.seed + r), load,
                                 cfg.max_tokens).start()
     try:
         # The prefill burst of c new requests is not steady state: let it through first.
         clients.wait_first_tokens(load, max_s=120.0)
         time.sleep(cfg.warmup_s)
-        c0, cpu0 = read_counters(server.url), cpu_by_role(_pgid(server))
+        c0, cpu0 = read_counters(server.url), cpu_by_role(server.pgid)
         idle0 = sum(sum(cpu_by_role(p).values()) for p in others)
         t0 = time.perf_counter()
         time.sleep(cfg.window_s)
-        c1, cpu1 = read_counters(server.url), cpu_by_role(_pgid(server))
+        c1, cpu1 = read_counters(server.url), cpu_by_role(server.pgid)
         wall_s = time.perf_counter() - t0
         idle1 = sum(sum(cpu_by_role(p).values()) for p in others)
     finally:

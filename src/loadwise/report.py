@@ -198,13 +198,8 @@ def print_binding_sweep(sweep_json: dict[str, Any], console: Console) -> None:
     console.print(t)
     console.print("cores busy while measured (CPU s / wall s; API server, engine core, model "
                   "worker): " + "; ".join(
-                      f"{n} " + ", ".join(f"{v:.2f}" for v in _cores_busy(sweep, n)) for n in names))
+                      f"{n} " + ", ".join(f"{v:.2f}" for v in sweep.cores_busy(n).values())
+                      for n in names))
     console.print(f"CPU binding to deploy: [bold]{d.deploy}[/] ({d.reason}); "
                   f"loadwise serve --cpu-binding {d.deploy}", soft_wrap=True)
 
-
-def _cores_busy(sweep: Any, binding: str) -> list[float]:
-    ws = [w for w in sweep.windows if w.binding == binding]
-    wall_s = sum(w.wall_s for w in ws)
-    return [sum(w.cpu_s.get(role, 0.0) for w in ws) / wall_s
-            for role in ("api_server", "engine_core", "worker")]

