@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from settle import settle_within
+
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import Workload, builtin
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveController
-from loadwise.policy.goodput import choose, goodput
-from loadwise.policy.settle import settle_within
+from loadwise.policy.choice import choose
+from loadwise.policy.goodput import goodput
 from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
 from loadwise.vllm.config import EngineSpec
@@ -40,6 +42,7 @@ from loadwise.vllm.local import ClosedLoop, LocalEngine
 from loadwise.vllm.plugin import AdaptiveObserver
 
 WINDOW_S = 5.0
+TIMELINE_STEP_S = 0.25
 SETTLE_S = 35.0  # settled = from 35 s after a shift (the target: settled within 60 s)
 SETTLE_TOL = 0.03  # the band: within 3 % of the best k counts as settled
 
@@ -81,7 +84,12 @@ def run_one(engine: LocalEngine, profile: Profile, mode: str, load: int, phases:
     # not all clients prefilling at once.
     loop = ClosedLoop(engine, next_prompt, load, max_tokens, stagger=True)
     try:
-        loop.run(t, timeline=timeline)
+        # (seconds since the loop started, output tokens so far), sampled by this client.
+        total = 0
+        while (elapsed := time.perf_counter() - loop.t0) < t:
+            n, _ = loop.run(min(TIMELINE_STEP_S, t - elapsed))
+            total += n
+            timeline.append((time.perf_counter() - loop.t0, total))
     finally:
         loop.close()
     records = engine.records_since(rec0)

@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadwise.evaluate import EvalConfig, _window, settle_window_tokens, step_time_ratio
+from loadwise.evaluate import EvalConfig
+from loadwise.evaluate.measure import measure_window, settle_window_tokens
+from loadwise.evaluate.windows import step_time_ratio
 from loadwise.measure.profile import Profile
 from loadwise.measure.workloads import builtin
 from loadwise.policy.table import DraftLengthTable
@@ -110,7 +112,8 @@ def main() -> int:
             prev = None
             for name in ORDER_A if r % 2 == 0 else ORDER_B:
                 engine.set_table(tables[name])
-                tokens, secs, records = _window(engine, loop, cfg, w.cycle(r), window_tokens)
+                win = measure_window(engine, loop, cfg, w.cycle(r), window_tokens)
+                tokens, secs, records = win.num_tokens, win.duration_s, win.steps
                 windows.append({"round": r, "name": name, "prev": prev, "tok_s": tokens / secs,
                                 "speed": step_time_ratio(records, times), "secs": secs})
                 print(f"round {r}: {name} after {prev}: {tokens / secs:.1f} tok/s", flush=True)

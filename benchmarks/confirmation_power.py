@@ -24,7 +24,7 @@ from typing import Any
 from evaluation_files import evaluation_files, load_evaluation
 from results_io import write_result
 
-from loadwise.evaluate import load_verdict
+from loadwise.evaluate.verdict import load_verdict
 from loadwise.provenance import provenance
 
 ROUNDS = (24, 48, 96, 192)

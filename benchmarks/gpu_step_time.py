@@ -32,14 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from loadwise.measure.profile import Profile
-from loadwise.policy.goodput import (
-    Acceptance,
-    ModelError,
-    StepTimes,
-    best_table,
-    choose,
-    goodput_grid,
-)
+from loadwise.policy.choice import best_table, choose, goodput_grid
+from loadwise.policy.goodput import Acceptance, ModelError, StepTimes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from typing import Any
 from evaluation_files import evaluation_files, load_evaluation
 from results_io import write_result
 
-from loadwise.evaluate import add_relative_prediction, prediction_summary
+from loadwise.evaluate.analyze import add_relative_prediction, prediction_summary
 from loadwise.provenance import provenance
 
 

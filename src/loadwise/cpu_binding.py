@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 from loadwise.measure.serving import (
     ClosedLoopClients,
     cpu_by_role,
@@ -33,7 +34,7 @@ Advance = Callable[[str], None]
 ROLES = ("api_server", "engine_core", "worker")  # the server processes CPU time is kept for
 
 
-class BindingSweepError(ValueError):
+class BindingSweepError(LoadwiseError, ValueError):
     pass
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 from loadwise.provenance import package_version
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -42,7 +43,7 @@ EOS_TOKEN = "<|im_end|>"
 DEFAULT_DTYPE = "float32"
 
 
-class ModelPrepareError(RuntimeError):
+class ModelPrepareError(LoadwiseError, RuntimeError):
     pass
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
-from loadwise.policy.goodput import best_table, goodput_grid, tie_band
+from loadwise.policy.choice import best_table, goodput_grid, tie_band
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm.config import speculative_config
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loadwise.errors import LoadwiseError
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
 from loadwise.measure.stats import AcceptanceCounter, prefill_s_per_token, summarize
@@ -43,7 +44,7 @@ class TunableEngine(Protocol):
     def open_loop(self, prompts: Iterator[str], concurrency: int, max_tokens: int) -> Any: ...
 
 
-class TuneError(ValueError):
+class TuneError(LoadwiseError, ValueError):
     pass
 
 
@@ -73,6 +74,11 @@ class TuneConfig:
             raise TuneError("max_spread must be > 0 and extra_rounds >= 0")
         if self.acceptance_concurrency < 1 or self.acceptance_seconds <= 0:
             raise TuneError("acceptance concurrency and seconds must be positive")
+
+    def num_steps(self, max_k: int, num_workloads: int) -> int:
+        """Progress units of a tune: every (b, k) of every planned round, and one per
+        workload's acceptance."""
+        return len(self.batch_sizes) * self.rounds * (max_k + 1) + num_workloads
 
     def timing_steps(self, max_k: int) -> int:
         return len(self.batch_sizes) * (self.rounds + 1) * (max_k + 1) * (self.steps_per_point + 1)

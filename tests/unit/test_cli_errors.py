@@ -93,22 +93,24 @@ def test_report_recomputes_tables_from_a_saved_profile(tmp_path: Path) -> None:
 def test_evaluate_takes_the_drafter_from_the_profile(tuned, given, expected) -> None:
     import argparse
 
-    from loadwise.cli import _drafter_from_profile
+    from loadwise.cli.common import drafter_from_profile
 
     args = argparse.Namespace(prompt_lookup_min=given[0], prompt_lookup_max=given[1])
-    _drafter_from_profile(args, {} if tuned is None else {"prompt_lookup": tuned})
-    assert [args.prompt_lookup_min, args.prompt_lookup_max] == expected
+    got = drafter_from_profile(args, {} if tuned is None else {"prompt_lookup": tuned})
+    assert [got["prompt_lookup_min"], got["prompt_lookup_max"]] == expected
+    # The options as typed are left alone.
+    assert [args.prompt_lookup_min, args.prompt_lookup_max] == list(given)
 
 
 def test_evaluate_refuses_a_drafter_the_profile_was_not_tuned_with() -> None:
     import argparse
 
-    from loadwise.cli import UsageError, _drafter_from_profile
+    from loadwise.cli.common import UsageError, drafter_from_profile
 
     args = argparse.Namespace(prompt_lookup_min=None, prompt_lookup_max=4)
     with pytest.raises(UsageError, match="--prompt-lookup-max 4: the profile was tuned with "
                                          "vLLM's default"):
-        _drafter_from_profile(args, {"prompt_lookup": [None, None]})
+        drafter_from_profile(args, {"prompt_lookup": [None, None]})
 
 
 def _profile_at(tmp_path: Path, binding: str | None) -> Path:
@@ -139,16 +141,16 @@ def test_step_times_at_another_binding_are_refused(tmp_path: Path, capsys) -> No
 def test_binding_defaults_come_from_the_profile(tmp_path: Path) -> None:
     import argparse
 
-    from loadwise.cli import _binding_for_profile
+    from loadwise.cli.common import binding_for_profile
     from loadwise.measure.profile import Profile
     from loadwise.vllm.binding import CpuBinding
 
     meta = Profile.load(_profile_at(tmp_path, "0-1")).meta
     args = argparse.Namespace(cpu_binding=None)
-    assert _binding_for_profile(args, meta, "evaluate") == CpuBinding((0, 1))
+    assert binding_for_profile(args, meta, "evaluate") == CpuBinding((0, 1))
     # A profile that recorded no binding: vLLM's default, and no refusal.
-    assert _binding_for_profile(args, {}, "evaluate") == CpuBinding(None)
-    assert _binding_for_profile(argparse.Namespace(cpu_binding="0-1"), {}, "x") == CpuBinding((0, 1))
+    assert binding_for_profile(args, {}, "evaluate") == CpuBinding(None)
+    assert binding_for_profile(argparse.Namespace(cpu_binding="0-1"), {}, "x") == CpuBinding((0, 1))
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -6,27 +6,20 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prediction_variants import mix_prediction, window_prefill_price
 
-from loadwise.evaluate import (
-    _mean_decode_batch,
-    _mix_prediction,
-    add_relative_prediction,
+from loadwise.evaluate.analyze import RetimedLoad, add_relative_prediction, prediction_summary
+from loadwise.evaluate.config import confirm_looks, per_look_confidence
+from loadwise.evaluate.verdict import (
     add_verdicts,
-    confirm_looks,
     confirmation_summary,
     geometric_shares,
     load_verdict,
-    merge_retimed,
-    per_look_confidence,
-    prediction_summary,
     relative_to_repeat,
-    scaled,
-    step_time_ratio,
     stop_confirming,
     strongest_rival,
-    window_acceptance,
-    window_prefill_price,
 )
+from loadwise.evaluate.windows import mean_decode_batch, step_time_ratio, window_acceptance
 from loadwise.measure.records import StepRecord
 from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, goodput
 from loadwise.policy.table import DraftLengthTable
@@ -41,9 +34,9 @@ def rec(b: int, decode: int, prefill_tokens: int = 0) -> StepRecord:
 
 def test_mix_prediction_of_pure_decode_steps_is_the_goodput() -> None:
     table = DraftLengthTable.fixed(2, 2, 8)
-    assert _mix_prediction([rec(4, 4)] * 10, table, TIMES, ACC, 0.001) == pytest.approx(
+    assert mix_prediction([rec(4, 4)] * 10, table, TIMES, ACC, 0.001) == pytest.approx(
         goodput(4, 2, TIMES, ACC))
-    assert _mean_decode_batch([rec(4, 4), rec(5, 2, 100)]) == 3.0
+    assert mean_decode_batch([rec(4, 4), rec(5, 2, 100)]) == 3.0
 
 
 def test_mix_prediction_prices_prefill_and_uses_the_k_of_each_batch() -> None:
@@ -52,7 +45,7 @@ def test_mix_prediction_prices_prefill_and_uses_the_k_of_each_batch() -> None:
     tokens = 4 * ACC.expected_tokens(2) + 7 * ACC.expected_tokens(0)
     secs = (TIMES.at(4, ACC.expected_drafts(2)) + TIMES.at(7, 0.0) + 0.001 * 300
             + TIMES.at(1, 0.0) + 0.001 * 500)
-    assert _mix_prediction(steps, table, TIMES, ACC, 0.001) == pytest.approx(tokens / secs)
+    assert mix_prediction(steps, table, TIMES, ACC, 0.001) == pytest.approx(tokens / secs)
 
 
 def spec_rec(b: int, step_s: float, drafts_per_req: int, accepted: tuple[int, ...],
@@ -62,24 +55,24 @@ def spec_rec(b: int, step_s: float, drafts_per_req: int, accepted: tuple[int, ..
 
 
 def test_merge_retimed_replaces_only_the_load_and_reports_the_speed_ratio() -> None:
-    fresh = {k: [0.5 * TIMES.at(4, k)] * 3 for k in range(3)}  # machine now twice as fast
-    rt = merge_retimed(TIMES, 4, fresh, {k: float(k) for k in range(3)})
+    fresh = {k: (0.5 * TIMES.at(4, k),) * 3 for k in range(3)}  # machine now twice as fast
+    rt = RetimedLoad.merge(TIMES, 4, fresh, {k: float(k) for k in range(3)})
     assert rt.speed_ratio == pytest.approx(0.5)
     for k in range(3):
         assert rt.times.at(4, k) == pytest.approx(0.5 * TIMES.at(4, k))
         assert rt.times.at(8, k) == pytest.approx(TIMES.at(8, k))  # other loads untouched
     # A load outside the grid is added to it.
-    added = merge_retimed(TIMES, 6, {k: [0.2] for k in range(3)}, {})
+    added = RetimedLoad.merge(TIMES, 6, {k: (0.2,) for k in range(3)}, {})
     assert added.times.batch_sizes == (1, 4, 6, 8) and added.times.at(6, 1) == pytest.approx(0.2)
     with pytest.raises(ModelError, match="k = 0..2"):
-        merge_retimed(TIMES, 4, {0: [0.1], 1: [0.1]}, {})
+        RetimedLoad.merge(TIMES, 4, {0: (0.1,), 1: (0.1,)}, {})
 
 
 def test_step_time_ratio_ignores_mixed_steps() -> None:
     recs = [spec_rec(4, 2 * TIMES.at(4, 2), 2, (4, 4)), rec(4, 3, 50),
             spec_rec(4, 2 * TIMES.at(4, 2), 2, (4, 0))]
     assert step_time_ratio(recs, TIMES) == pytest.approx(2.0)
-    assert math.isnan(step_time_ratio([rec(4, 3, 50)], TIMES))
+    assert step_time_ratio([rec(4, 3, 50)], TIMES) is None
 
 
 def test_window_acceptance_is_the_tune_estimator_and_none_without_drafts() -> None:
@@ -118,7 +111,7 @@ def test_window_prefill_price_fits_the_mixed_steps_extra_time() -> None:
 
 
 def test_scaled_times_scale_every_point_and_keep_the_draft_counts() -> None:
-    half = scaled(StepTimes(TIMES.step_time_s, {(4, 2): 1.5}), 0.5)
+    half = StepTimes(TIMES.step_time_s, {(4, 2): 1.5}).scaled(0.5)
     assert half.at(8, 1) == pytest.approx(0.5 * TIMES.at(8, 1))
     assert half.drafts_per_req == {(4, 2): 1.5}
     # At the window's speed the model's throughput scales inversely (prefill priced alike).

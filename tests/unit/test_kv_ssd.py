@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kv.ssd import MAGIC_V1, SSDMedium, StoreError, o_direct_supported, read_buffer
+from loadwise.kv.ssd import MAGIC_V1, SSDMedium, StoreError
+from loadwise.kv.ssd_read import o_direct_supported, read_buffer
 
 
 def payload(key: int, size: int = 256) -> bytes:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from settle import settle_within
 
 from loadwise.policy.goodput import Acceptance, StepTimes, goodput
-from loadwise.policy.settle import settle_within
 
 MAX_K = 3
 # Step time grows with verified tokens: at b=8 more drafts cost more than they bring.

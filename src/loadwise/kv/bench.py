@@ -23,8 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import ConfigError
 from loadwise.kv.replay import DeviceModel
-from loadwise.kv.ssd import SSDMedium, o_direct_supported, read_buffer
+from loadwise.kv.ssd import SSDMedium
+from loadwise.kv.ssd_read import o_direct_supported, read_buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,7 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         n_blocks = total_bytes // block_bytes
         n_sessions = n_blocks // blocks_per_session
         if n_sessions < 1:
-            raise ValueError(f"the device benchmark needs room for one session of "
+            raise ConfigError(f"the device benchmark needs room for one session of "
                              f"{blocks_per_session} blocks of {block_bytes} B in {total_bytes} B")
         n_written = n_sessions * blocks_per_session  # only whole sessions are written and read
         payload = os.urandom(block_bytes)

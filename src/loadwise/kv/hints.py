@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loadwise.errors import ConfigError
 from loadwise.kv.trace import TraceRequest
 
 
@@ -28,7 +29,7 @@ class SimulatedHints:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.accuracy <= 1.0:
-            raise ValueError(f"hint accuracy must be in [0, 1], got {self.accuracy}")
+            raise ConfigError(f"hint accuracy must be in [0, 1], got {self.accuracy}")
         object.__setattr__(self, "_salt", random.Random(self.seed).getrandbits(64))
 
     @classmethod

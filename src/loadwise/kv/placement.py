@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from loadwise.errors import ConfigError
+
 
 class Medium(str, Enum):
     MEMORY = "memory"
@@ -50,7 +52,7 @@ class BlockInfo:
 
     def __post_init__(self) -> None:
         if self.continues_hint is not None and not 0.0 <= self.continues_hint <= 1.0:
-            raise ValueError(f"continues_hint is a probability, got {self.continues_hint}")
+            raise ConfigError(f"continues_hint is a probability, got {self.continues_hint}")
 
 
 def shares_prefix(info: BlockInfo, shared_prefix_blocks: int = 1) -> bool:
@@ -159,4 +161,4 @@ def create_policy(name: str) -> PlacementPolicy:
     try:
         return POLICIES[name]()
     except KeyError:
-        raise ValueError(f"unknown placement policy {name!r}: choose from {sorted(POLICIES)}") from None
+        raise ConfigError(f"unknown placement policy {name!r}: choose from {sorted(POLICIES)}") from None

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadwise.kv.ssd import SSDMedium, o_direct_supported, read_buffer
+from loadwise.kv.ssd import SSDMedium
+from loadwise.kv.ssd_read import o_direct_supported, read_buffer
 from loadwise.kv.trace import TraceRequest
 
 # The SSD medium packs sessions as unsigned 64-bit ints; the tiered offload log is session -1.

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from loadwise.errors import ConfigError
 from loadwise.kv.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest
 
@@ -41,9 +42,9 @@ class DeviceModel:
 
     def __post_init__(self) -> None:
         if min(self.read_bw_bytes_s, self.write_bw_bytes_s) <= 0:
-            raise ValueError("device bandwidths must be > 0")
+            raise ConfigError("device bandwidths must be > 0")
         if self.read_latency_s < 0 or self.write_latency_s < 0:
-            raise ValueError("device latencies must be >= 0")
+            raise ConfigError("device latencies must be >= 0")
 
     def read_s(self, calls: int, num_bytes: int) -> float:
         return calls * self.read_latency_s + num_bytes / self.read_bw_bytes_s
@@ -68,9 +69,9 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0 or self.memory_bytes < 0 or self.ssd_bytes < 0:
-            raise ValueError("block size must be > 0 and capacities >= 0")
+            raise ConfigError("block size must be > 0 and capacities >= 0")
         if self.extent_blocks < 1:
-            raise ValueError("extent_blocks must be >= 1")
+            raise ConfigError("extent_blocks must be >= 1")
 
 
 class SimMemory:
@@ -200,7 +201,7 @@ class Replayer:
         """``hint(session, turn)``: the client's probability that the session sends another
         request after this one (see ``loadwise.kv.hints``); None: requests carry no hint."""
         if speedup <= 0:
-            raise ValueError(f"speedup must be > 0, got {speedup}")
+            raise ConfigError(f"speedup must be > 0, got {speedup}")
         self.real_io = real_io
         self.hint = hint
         self.policy = policy

@@ -34,19 +34,29 @@ whole extent, and capacity counts allocated bytes.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
+from loadwise.errors import ConfigError, LoadwiseError
+from loadwise.kv.ssd_read import (
+    DIRECT_ALIGN,
+    Location,
+    Run,
+    align_up,
+    block_checksum,
+    buffer_address,
+    buffer_bytes,
+    plan_runs,
+    read_buffer,
+    read_runs,
+)
 
 MAGIC_V1 = 0x4C574B56  # "LWKV": CRC32 block checksums (refused, see module docstring)
 MAGIC = 0x4C574B32  # "LWK2": XXH3-64 block checksums
@@ -54,71 +64,10 @@ HEADER = struct.Struct("<IIBI")  # magic, crc32 of op + body, op, body length
 PUT = struct.Struct("<QQIQIQ")  # key, session, extent, offset, length, block checksum
 DROP = struct.Struct("<I")  # extent id
 OP_PUT, OP_DROP = 1, 2
-DIRECT_ALIGN = 4096  # O_DIRECT needs offset, length and buffer aligned to the logical block
 
 
-def o_direct_supported(directory: str | Path) -> bool:
-    """Whether files under ``directory`` can be opened with O_DIRECT (not on tmpfs, say)."""
-    probe = Path(directory) / ".o_direct_probe"
-    probe.write_bytes(b"\0" * DIRECT_ALIGN)
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-        return True
-    except (OSError, AttributeError):
-        return False
-    finally:
-        probe.unlink()
-
-
-class StoreError(RuntimeError):
+class StoreError(LoadwiseError, RuntimeError):
     """Storage problem the user must act on (unwritable directory, full disk)."""
-
-
-def block_checksum(data: bytes | memoryview) -> int:
-    """XXH3-64 of a block's bytes (what the index stores and every read verifies)."""
-    return xxhash.xxh3_64_intdigest(data)
-
-
-def _align_up(n: int, unit: int) -> int:
-    return -(-n // unit) * unit
-
-
-def read_buffer(nbytes: int) -> mmap.mmap:
-    """A page-aligned buffer of at least ``nbytes`` for :meth:`SSDMedium.get_many` (``into``):
-    O_DIRECT needs an aligned destination, and an anonymous mapping always is."""
-    return mmap.mmap(-1, max(_align_up(nbytes, DIRECT_ALIGN), DIRECT_ALIGN))
-
-
-def _address(buf: object) -> int:
-    ref = ctypes.c_char.from_buffer(buf)  # type: ignore[arg-type]
-    try:
-        return ctypes.addressof(ref)
-    finally:
-        del ref  # releases the export, so the caller can still close or resize ``buf``
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    extent: int
-    offset: int
-    length: int
-    checksum: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """One contiguous read: bytes [start, start + span) of an extent file into the destination
-    buffer at ``dest``; ``blocks`` are (location, answer index) in file order."""
-    extent: int
-    start: int
-    span: int
-    dest: int
-    blocks: tuple[tuple[Location, int], ...]
-
-
-def _buffer_bytes(runs: Sequence[_Run]) -> int:
-    """Destination bytes a plan needs: runs are laid out in order, the last one ends it."""
-    return runs[-1].dest + runs[-1].span if runs else 0
 
 
 @dataclass(slots=True)
@@ -143,7 +92,7 @@ class SSDMedium:
             raise StoreError(f"SSD capacity {capacity_bytes} B must hold at least one extent "
                              f"of {extent_bytes} B")
         if read_depth < 1 or read_chunk_bytes < DIRECT_ALIGN or read_chunk_bytes % DIRECT_ALIGN:
-            raise ValueError(f"read_depth must be >= 1 and read_chunk_bytes a positive multiple "
+            raise ConfigError(f"read_depth must be >= 1 and read_chunk_bytes a positive multiple "
                              f"of {DIRECT_ALIGN}, got {read_depth} and {read_chunk_bytes}")
         self.read_depth = read_depth
         self.read_chunk_bytes = read_chunk_bytes
@@ -235,7 +184,7 @@ class SSDMedium:
 
     def _round_up(self, n: int) -> int:
         c = self.prealloc_bytes
-        return min(_align_up(n, c), max(self.extent_bytes, n))
+        return min(align_up(n, c), max(self.extent_bytes, n))
 
     def _allocate(self, ext: Extent, end: int, evicted: list[int]) -> None:
         """Make sure bytes [0, end) of the extent are allocated, evicting other extents first
@@ -389,8 +338,8 @@ class SSDMedium:
         writable, page-aligned buffer of at least :meth:`read_bytes_needed` bytes, e.g. from
         :func:`read_buffer`, which the caller owns and may reuse once done with the views) or
         a fresh one per call."""
-        runs = self._plan(keys)
-        need = _buffer_bytes(runs)
+        runs = plan_runs(self.index, keys, self.direct_reads)
+        need = buffer_bytes(runs)
         if into is None:
             into = read_buffer(need)
         else:
@@ -398,9 +347,9 @@ class SSDMedium:
             if size < need:
                 raise ValueError(f"read buffer of {size} B is too small: these blocks need "
                                  f"{need} B (read_bytes_needed)")
-            if self.direct_reads and need and _address(into) % DIRECT_ALIGN:
+            if self.direct_reads and need and buffer_address(into) % DIRECT_ALIGN:
                 raise ValueError(f"O_DIRECT reads need a buffer aligned to {DIRECT_ALIGN} B: "
-                                 "use loadwise.kv.ssd.read_buffer()")
+                                 "use loadwise.kv.ssd_read.read_buffer()")
         out: list[memoryview | None] = [None] * len(keys)
         if runs:
             self._read_runs(runs, memoryview(into), out)  # type: ignore[arg-type]
@@ -411,96 +360,18 @@ class SSDMedium:
 
     def read_bytes_needed(self, keys: Sequence[int]) -> int:
         """Size of the buffer :meth:`get_many` needs for these keys."""
-        return _buffer_bytes(self._plan(keys))
+        return buffer_bytes(plan_runs(self.index, keys, self.direct_reads))
 
-    def _plan(self, keys: Sequence[int]) -> list[_Run]:
-        """Group the stored keys into contiguous runs (file order) and lay them out in the
-        destination, each at an aligned position (O_DIRECT reads the aligned span around it)."""
-        wanted = sorted(
-            ((self.index[k], i) for i, k in enumerate(keys) if k in self.index),
-            key=lambda li: (li[0].extent, li[0].offset),
-        )
-        groups: list[list[tuple[Location, int]]] = []
-        for loc, i in wanted:
-            last = groups[-1][-1][0] if groups else None
-            if (last is not None and loc.extent == last.extent
-                    and loc.offset == last.offset + last.length):
-                groups[-1].append((loc, i))
-            else:
-                groups.append([(loc, i)])
-        align = DIRECT_ALIGN if self.direct_reads else 1
-        runs: list[_Run] = []
-        dest = 0
-        for group in groups:
-            first, last = group[0][0], group[-1][0]
-            start = first.offset - first.offset % align
-            end = _align_up(last.offset + last.length, align)
-            runs.append(_Run(first.extent, start, end - start, dest, tuple(group)))
-            dest += _align_up(end - start, DIRECT_ALIGN)
-        return runs
-
-    def _read_runs(self, runs: list[_Run], view: memoryview,
+    def _read_runs(self, runs: list[Run], view: memoryview,
                    out: list[memoryview | None]) -> None:
-        # Sub-reads of every run, in order; with read_depth > 1 they are queued on the worker
-        # threads up front, so the device always has the next one while blocks are verified.
-        subs: list[tuple[int, int, int, int]] = []  # (fd, file offset, dest offset, length)
-        per_run: list[int] = []
-        for run in runs:
-            fd = self._fd(run.extent, direct=self.direct_reads)
-            n = 0
-            for off in range(0, run.span, self.read_chunk_bytes):
-                subs.append((fd, run.start + off, run.dest + off,
-                             min(self.read_chunk_bytes, run.span - off)))
-                n += 1
-            per_run.append(n)
-        self.io_calls += len(subs)
-        futures: list[Future[int]] | None = None
-        if self.read_depth > 1 and len(subs) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.read_depth,
-                                                thread_name_prefix="loadwise-ssd-read")
-            futures = [self._pool.submit(os.preadv, fd, [view[d: d + n]], f)
-                       for fd, f, d, n in subs]
-        error: OSError | None = None
-        j = 0
-        try:
-            for run, n_subs in zip(runs, per_run):
-                landed = 0  # bytes of this run read without a gap, from its start
-                complete = True
-                blocks = iter(run.blocks)
-                pending = next(blocks, None)
-                for _ in range(n_subs):
-                    fd, f, d, n = subs[j]
-                    try:
-                        got = (futures[j].result() if futures
-                               else os.preadv(fd, [view[d: d + n]], f))
-                    except OSError as exc:
-                        error = error or exc
-                        got = 0
-                    j += 1
-                    self.bytes_read += got
-                    if complete:
-                        landed += got
-                        complete = got == n
-                    # Verify every block that has fully landed.
-                    while (pending is not None
-                           and pending[0].offset + pending[0].length - run.start <= landed):
-                        loc, i = pending
-                        pos = run.dest + loc.offset - run.start
-                        chunk = view[pos: pos + loc.length]
-                        # A torn or corrupt block is missing, never returned.
-                        if block_checksum(chunk) == loc.checksum:
-                            out[i] = chunk
-                        pending = next(blocks, None)
-                self.read_calls += 1
-        finally:
-            # Never return while a worker may still write into the buffer.
-            if futures:
-                for fut in futures[j:]:
-                    try:
-                        fut.result()
-                    except OSError:
-                        pass
+        if self.read_depth > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(self.read_depth, thread_name_prefix="loadwise-ssd-read")
+        counts = read_runs(runs, view, out, lambda e: self._fd(e, direct=self.direct_reads),
+                           self.read_chunk_bytes, self._pool)
+        self.bytes_read += counts.bytes_read
+        self.read_calls += counts.read_calls
+        self.io_calls += counts.io_calls
+        error = counts.error
         if error is not None and self.direct_reads and error.errno == errno.EINVAL:
             raise StoreError(f"O_DIRECT reads are not supported under {self.root}: "
                              "use direct_reads=False there") from error

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadwise.errors import LoadwiseError
+
 BLOCK_TOKENS = 512
 
 
-class TraceError(ValueError):
+class TraceError(LoadwiseError, ValueError):
     pass
 
 
@@ -41,12 +43,12 @@ def _parse(line: str) -> TraceRequest:
         raise TypeError("not a JSON object")
     hashes = obj["hash_ids"]
     if not isinstance(hashes, list) or not hashes or not all(isinstance(h, int) for h in hashes):
-        raise ValueError("hash_ids must be a non-empty list of integers")
+        raise TraceError("hash_ids must be a non-empty list of integers")
     ts, n_in, n_out = float(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"])
     if ts < 0 or n_in <= 0 or n_out < 0:
-        raise ValueError("timestamp, input_length and output_length must be non-negative")
+        raise TraceError("timestamp, input_length and output_length must be non-negative")
     if (n_in + BLOCK_TOKENS - 1) // BLOCK_TOKENS < len(hashes):
-        raise ValueError(f"{len(hashes)} blocks cannot come from {n_in} input tokens")
+        raise TraceError(f"{len(hashes)} blocks cannot come from {n_in} input tokens")
     return TraceRequest(ts / 1000.0, n_in, n_out, tuple(hashes))
 
 

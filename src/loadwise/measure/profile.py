@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 from loadwise.measure.stats import AcceptanceCounter, median_rel_se, summarize
-from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, best_table
+from loadwise.policy.choice import best_table
+from loadwise.policy.goodput import Acceptance, ModelError, StepTimes
 from loadwise.policy.table import DraftLengthTable
 
 PROFILE_VERSION = 1
 
 
-class ProfileError(ValueError):
+class ProfileError(LoadwiseError, ValueError):
     pass
 
 

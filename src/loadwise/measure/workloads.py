@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadwise.errors import LoadwiseError
 from loadwise.model import loadwise_home
 
 BUILTIN = ("repetitive", "sharegpt")
@@ -26,7 +27,7 @@ MIN_PROMPT_CHARS = 16
 CACHED_PROMPTS = 2000
 
 
-class WorkloadError(ValueError):
+class WorkloadError(LoadwiseError, ValueError):
     pass
 
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loadwise.policy.goodput import Acceptance, StepTimes, best_table, goodput
+from loadwise.errors import LoadwiseError
+from loadwise.policy.choice import best_table
+from loadwise.policy.goodput import Acceptance, StepTimes, goodput
 from loadwise.policy.table import DraftLengthTable
 
 
-class AdaptiveConfigError(ValueError):
+class AdaptiveConfigError(LoadwiseError, ValueError):
     pass
 
 

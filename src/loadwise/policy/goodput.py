@@ -18,15 +18,14 @@ This module is pure Python: the tuner, the live vLLM plugin and replays share it
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from loadwise.policy.table import DraftLengthTable
+from loadwise.errors import LoadwiseError
 
 
-class ModelError(ValueError):
+class ModelError(LoadwiseError, ValueError):
     """Measurements that cannot feed the goodput model; the message says which."""
 
 
@@ -216,6 +215,27 @@ class StepTimes:
         return max(t, t1) if x > x1 else t
 
 
+    def scaled(self, factor: float) -> StepTimes:
+        """The same grid with every step time multiplied by ``factor`` (a machine that runs
+        ``factor`` times slower); draft counts and relative errors unchanged."""
+        return StepTimes({key: t * factor for key, t in self.step_time_s.items()},
+                         self.drafts_per_req, self.rel_se)
+
+    def with_batch_size(self, batch_size: int, step_time_s: Mapping[int, float],
+                        drafts_per_req: Mapping[int, float]) -> StepTimes:
+        """The grid with ``batch_size`` replaced (or added) by T(batch_size, k) for every
+        k = 0..max_k; a k missing from ``drafts_per_req`` verified k drafts per request."""
+        if set(step_time_s) != set(range(self.max_k + 1)):
+            raise ModelError(f"step times at batch size {batch_size} must cover "
+                             f"k = 0..{self.max_k}")
+        step = {key: t for key, t in self.step_time_s.items() if key[0] != batch_size}
+        drafts = {key: d for key, d in (self.drafts_per_req or {}).items()
+                  if key[0] != batch_size}
+        for k, t in step_time_s.items():
+            step[(batch_size, k)] = t
+            drafts[(batch_size, k)] = drafts_per_req.get(k, float(k))
+        return StepTimes(step, drafts)
+
     def monotone(self) -> StepTimes:
         """The same grid fitted so a step never gets cheaper with more drafts or a bigger batch
         (``monotone_step_times``); effective draft counts unchanged."""
@@ -301,18 +321,6 @@ def _fit_lines(values: Mapping[tuple[int, int], float],
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    batch_size: int
-    k: int
-    goodput_tok_s: float
-    runner_up_k: int | None
-    margin: float  # goodput(best) / goodput(runner-up) - 1; 0 when only one k exists
-    # Set where the table's shape overrode the pointwise argmax (see best_table): that argmax.
-    # runner_up_k is then the argmax and margin (<= 0) what this choice gives up against it.
-    smoothed_from: int | None = None
-
-
 def goodput(b: float, k: int, times: StepTimes, acc: Acceptance) -> float:
     return b * acc.expected_tokens(k) / times.at(b, acc.expected_drafts(k))
 
@@ -327,102 +335,3 @@ def closed_loop_throughput(
     tokens = b * acc.expected_tokens(k)
     step_s = times.at(b, acc.expected_drafts(k))
     return tokens / (step_s + prefill_s_per_token * tokens * prompt_per_output)
-
-
-def goodput_grid(
-    batch_sizes: Sequence[int], times: StepTimes, acc: Acceptance, max_k: int | None = None
-) -> dict[tuple[int, int], float]:
-    top = _usable_max_k(times, acc, max_k)
-    return {(b, k): goodput(b, k, times, acc) for b in batch_sizes for k in range(top + 1)}
-
-
-def choose(b: int, times: StepTimes, acc: Acceptance, max_k: int | None = None) -> Choice:
-    """argmax_k goodput(b, k); ties go to the smaller k (less work for the same tokens)."""
-    top = _usable_max_k(times, acc, max_k)
-    scored = sorted(((goodput(b, k, times, acc), -k) for k in range(top + 1)), reverse=True)
-    best_g, neg_k = scored[0]
-    if len(scored) == 1:
-        return Choice(b, -neg_k, best_g, None, 0.0)
-    second_g, neg_k2 = scored[1]
-    return Choice(b, -neg_k, best_g, -neg_k2, best_g / second_g - 1.0)
-
-
-# A table whose k rises again with the batch size is kept only if forcing it to fall costs
-# more than this much goodput at some batch size (by the model), or more than the step times'
-# own standard error there says they can resolve (StepTimes.tie_tolerance), whichever is
-# larger; below, the rise is a tie inside the step-time noise (a tune's margins at such points:
-# 0.5-1.5 %; one with 24 % IQR at 18 samples per point: 5.7 %, inside its 7.4 % band).
-MONOTONE_TOLERANCE = 0.01
-
-
-def tie_band(times: StepTimes, batch_size: int,
-             monotone_tolerance: float = MONOTONE_TOLERANCE) -> float:
-    """The goodput a table may give up at ``batch_size`` to keep k from rising with the batch
-    size: the larger of the fixed floor and what the step times cannot resolve there."""
-    return max(monotone_tolerance, times.tie_tolerance(batch_size))
-
-
-def nonincreasing_choice(goodputs: Sequence[Sequence[float]]) -> tuple[list[int], float]:
-    """For batch sizes 1..N (``goodputs[b - 1][k]``), the k per batch size that never grows
-    with the batch size and gives up the least goodput in total against each batch size's own
-    best k (relative loss summed over batch sizes; dynamic programme over b). Returns the
-    sequence and its largest relative loss at any one batch size. Ties go to the larger k
-    at the smallest batch size, which keeps an already nonincreasing argmax as it is."""
-    if not goodputs:
-        raise ModelError("no batch sizes to choose for")
-    num_k = len(goodputs[0])
-    loss = [[1.0 - g[k] / max(g) if max(g) > 0 else 0.0 for k in range(num_k)] for g in goodputs]
-    # total[k]: least summed loss of batch sizes 1..b with k at b; from[b][k]: k at b - 1.
-    total = list(loss[0])
-    came_from: list[list[int]] = [[k for k in range(num_k)]]
-    for b in range(1, len(goodputs)):
-        new_total, back = [], []
-        for k in range(num_k):
-            # The previous batch size may use any k' >= k; the smallest total wins, ties to
-            # the k' nearest k (fewest changes).
-            prev = min(range(k, num_k), key=lambda j: (total[j], j - k))
-            new_total.append(total[prev] + loss[b][k])
-            back.append(prev)
-        total = new_total
-        came_from.append(back)
-    k = min(range(num_k), key=lambda j: (total[j], -j))
-    ks = [k]
-    for b in range(len(goodputs) - 1, 0, -1):
-        k = came_from[b][k]
-        ks.append(k)
-    ks.reverse()
-    return ks, max(loss[b][k] for b, k in enumerate(ks))
-
-
-def best_table(
-    times: StepTimes, acc: Acceptance, max_batch_size: int, max_k: int | None = None,
-    monotone_tolerance: float = MONOTONE_TOLERANCE,
-) -> tuple[DraftLengthTable, list[Choice]]:
-    """The highest-goodput k for every batch size 1..max_batch_size, compacted into ranges.
-
-    Spare compute shrinks as the batch grows, so the best k should not rise with b; where the
-    pointwise argmax does rise and the nearest table that does not costs at most
-    the larger of ``monotone_tolerance`` and ``times.tie_tolerance(b)`` of goodput at every
-    batch size b, that table is used instead (a rise that small is a tie decided by step-time
-    noise, and a table that flips k back and forth is one nobody can trust). A larger cost
-    keeps the argmax: the measurements say the rise is real."""
-    if max_batch_size < 1:
-        raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    top = _usable_max_k(times, acc, max_k)
-    choices = [choose(b, times, acc, top) for b in range(1, max_batch_size + 1)]
-    ks = [c.k for c in choices]
-    if any(later > earlier for earlier, later in itertools.pairwise(ks)):
-        grid = [[goodput(c.batch_size, k, times, acc) for k in range(top + 1)] for c in choices]
-        smooth, _ = nonincreasing_choice(grid)
-        if all(1.0 - g[k] / max(g) <= tie_band(times, c.batch_size, monotone_tolerance)
-               for c, k, g in zip(choices, smooth, grid)):
-            choices = [c if k == c.k else Choice(
-                c.batch_size, k, g[k], c.k, g[k] / c.goodput_tok_s - 1.0, smoothed_from=c.k)
-                for c, k, g in zip(choices, smooth, grid)]
-    table = DraftLengthTable.from_mapping({c.batch_size: c.k for c in choices}, top)
-    return table, choices
-
-
-def _usable_max_k(times: StepTimes, acc: Acceptance, max_k: int | None) -> int:
-    top = min(times.max_k, acc.max_k)
-    return top if max_k is None else min(top, max_k)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 
-class TableError(ValueError):
+
+class TableError(LoadwiseError, ValueError):
     """A draft-length table that is malformed; the message says what to fix."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadwise.errors import LoadwiseError
+
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 # vLLM's ngram proposer calls numba's set_num_threads(1) around each proposal and then restores
@@ -28,7 +30,7 @@ AUTO = "auto"
 ALL = "all"
 
 
-class BindingError(ValueError):
+class BindingError(LoadwiseError, ValueError):
     pass
 
 

@@ -1,15 +1,52 @@
-"""Every private vLLM name loadwise touches outside the scheduler subclass, in one place, so a
-vLLM upgrade that moves one breaks here with a clear message instead of deep inside a run."""
+"""Every private vLLM name loadwise touches, in one place, with the vLLM versions they were
+checked against: a vLLM that moves one breaks here with a clear message instead of deep inside
+a run. Names vLLM documents as plugin interfaces (``vllm.general_plugins``,
+``StatLoggerBase``, ``scheduler_cls``) are used directly where they are needed."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 
-class VllmCompatError(RuntimeError):
+# vLLM release series (major, minor) whose private names below were read and tested.
+TESTED_SERIES = ((0, 32),)
+ALLOW_UNTESTED_ENV = "LOADWISE_ALLOW_UNTESTED_VLLM"
+
+
+class VllmCompatError(LoadwiseError, RuntimeError):
     pass
 
 
+def vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def is_tested(version: str) -> bool:
+    """Whether ``version`` ("0.32.0", "0.32.1+cpu", …) is in a tested release series."""
+    try:
+        major, minor = (int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in TESTED_SERIES
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """Refuse a vLLM whose private names loadwise has not been checked against (set
+    LOADWISE_ALLOW_UNTESTED_VLLM=1 to try anyway)."""
+    version = version or vllm_version()
+    if is_tested(version) or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
+        return
+    tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_SERIES)
+    raise VllmCompatError(f"vLLM {version} is untested with loadwise (tested: {tested}); "
+                          f"install a tested vLLM, or set {ALLOW_UNTESTED_ENV}=1 to try anyway")
+
+
+# --- the engine ------------------------------------------------------------------------------
 def reset_env_cache() -> None:
     """vLLM caches its environment variables once an engine has started (``enable_envs_cache``);
     a later engine in the same process must read its own settings again."""
@@ -34,3 +71,84 @@ def in_process_scheduler(llm_engine: Any) -> Any:
 
 def shutdown_engine_core(llm_engine: Any) -> None:
     llm_engine.engine_core.shutdown()
+
+
+# --- the scheduler ---------------------------------------------------------------------------
+def scheduler_bases() -> tuple[type[Any], type[Any]]:
+    """vLLM's sync and async scheduler classes (loadwise subclasses both)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler, AsyncScheduler
+
+
+def scheduler_config_cls() -> type[Any]:
+    from vllm.config.scheduler import SchedulerConfig
+
+    return SchedulerConfig
+
+
+def num_spec_tokens(scheduler: Any) -> int:
+    """The engine's num_speculative_tokens (0 without speculation)."""
+    return int(scheduler.num_spec_tokens)
+
+
+def has_dynamic_lookup(scheduler: Any) -> bool:
+    return scheduler.dynamic_sd_lookup is not None
+
+
+def configured_table(scheduler: Any) -> list[list[int]]:
+    """The draft-length table the engine was started with (its speculative config)."""
+    cfg = scheduler.vllm_config.speculative_config
+    return [list(r) for r in cfg.num_speculative_tokens_per_batch_size]
+
+
+def set_dynamic_lookup(scheduler: Any, table: Sequence[Sequence[int]]) -> None:
+    """Validate ``table`` with vLLM's own parser and swap the scheduler's dense per-batch-size
+    lookup in one assignment: vLLM reads it once per ``schedule()``, so the swap is atomic
+    under the GIL. Raises ValueError for an invalid table."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    dense = build_dynamic_sd_schedule_lookup(
+        [list(r) for r in table],
+        vllm_max_batch_size=scheduler.scheduler_config.max_num_seqs,
+        vllm_num_speculative_tokens=scheduler.num_spec_tokens,
+    )
+    scheduler.dynamic_sd_lookup = dense
+
+
+def served_model(scheduler: Any) -> str:
+    return str(scheduler.vllm_config.model_config.model)
+
+
+def max_num_seqs(scheduler: Any) -> int:
+    return int(scheduler.scheduler_config.max_num_seqs)
+
+
+# --- the plain objects the scheduler and the worker exchange ---------------------------------
+def scheduled_new_req_ids(scheduler_output: Any) -> set[str]:
+    return {r.req_id for r in scheduler_output.scheduled_new_reqs}
+
+
+def scheduled_tokens(scheduler_output: Any) -> Mapping[str, int]:
+    """Tokens scheduled this step per request id."""
+    return scheduler_output.num_scheduled_tokens  # type: ignore[no-any-return]
+
+
+def scheduled_drafts(scheduler_output: Any) -> Mapping[str, Sequence[int]]:
+    """Draft tokens scheduled for verification this step per request id."""
+    return scheduler_output.scheduled_spec_decode_tokens  # type: ignore[no-any-return]
+
+
+def total_scheduled_tokens(scheduler_output: Any) -> int:
+    return int(scheduler_output.total_num_scheduled_tokens)
+
+
+def draft_length_next(scheduler_output: Any) -> int:
+    """The draft length chosen for the proposals made in this step."""
+    return int(scheduler_output.num_spec_tokens_to_schedule)
+
+
+def sampled_tokens(model_runner_output: Any) -> tuple[Sequence[Sequence[int]], Mapping[str, int]]:
+    """(sampled token ids per batch row, request id -> row) of a finished step."""
+    return model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.errors import LoadwiseError
 from loadwise.policy.table import DraftLengthTable, TableError
 from loadwise.vllm.binding import CpuBinding, apply_env
 
@@ -19,7 +20,7 @@ SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
 ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
 
 
-class EngineConfigError(ValueError):
+class EngineConfigError(LoadwiseError, ValueError):
     pass
 
 

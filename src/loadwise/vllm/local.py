@@ -41,6 +41,7 @@ class LocalEngine:
     def __init__(self, spec: EngineSpec) -> None:
         from vllm import LLM
 
+        compat.check_vllm_version()
         self.spec = spec
         kwargs = spec.llm_kwargs()
         if on_cpu():
@@ -133,16 +134,15 @@ class LocalEngine:
         duration_s: float,
         max_tokens: int,
         warmup_s: float = 0.0,
-        timeline: list[tuple[float, int]] | None = None,
     ) -> tuple[int, float]:
         """Keep ``concurrency`` requests in flight (a client sends its next request when its last
         finishes) for ``warmup_s + duration_s``; returns (output tokens, seconds) counted after
         warm-up. ``prompts`` is an iterator, or a function of the elapsed seconds (to switch
-        workloads mid-run). ``timeline`` receives (elapsed_s, output tokens so far) per step.
+        workloads mid-run).
         All clients start together; see :meth:`open_loop` for a steady-state population."""
         loop = ClosedLoop(self, prompts, concurrency, max_tokens, stagger=False)
         try:
-            return loop.run(duration_s, warmup_s, timeline)
+            return loop.run(duration_s, warmup_s)
         finally:
             loop.close()
 
@@ -268,7 +268,6 @@ class ClosedLoop:
         return time.perf_counter() - t0
 
     def run(self, duration_s: float, warmup_s: float = 0.0,
-            timeline: list[tuple[float, int]] | None = None,
             prompts: Iterator[str] | None = None) -> tuple[int, float]:
         """(output tokens, seconds) over ``duration_s`` after ``warmup_s`` of unmeasured steps.
         ``prompts``: new requests from now on draw from this sequence (giving every compared
@@ -276,7 +275,7 @@ class ClosedLoop:
         if prompts is not None:
             self.prompts = prompts
         start = time.perf_counter()
-        counted = total = 0
+        counted = 0
         counting_since: float | None = None
         while True:
             now = time.perf_counter()
@@ -285,11 +284,8 @@ class ClosedLoop:
             if counting_since is not None and now - counting_since >= duration_s:
                 break
             n = self._step()
-            total += n
             if counting_since is not None:
                 counted += n
-            if timeline is not None:
-                timeline.append((time.perf_counter() - self.t0, total))
         return counted, time.perf_counter() - (counting_since or start)
 
     def close(self) -> None:

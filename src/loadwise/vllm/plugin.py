@@ -29,6 +29,7 @@ from loadwise.measure.profile import Profile, ProfileError
 from loadwise.measure.records import StepRecord
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
 from loadwise.policy.table import DraftLengthTable
+from loadwise.vllm import compat
 from loadwise.vllm.binding import BindingError, CpuBinding, binding_from_env, check_profile_binding
 
 logger = logging.getLogger("loadwise.plugin")
@@ -53,6 +54,7 @@ def register() -> None:
         # Children (the engine core) inherit the environment: both sides agree on the file.
         os.environ.setdefault(ENV_STATE, str(Path(tempfile.gettempdir())
                                              / f"loadwise-state-{os.getpid()}.json"))
+        compat.check_vllm_version()
         from loadwise.vllm import scheduler as lw_sched
 
         lw_sched.add_init_hook(attach_controller)
@@ -73,8 +75,7 @@ def _ensure_log_handler() -> None:
 
 
 def _default_to_loadwise_scheduler() -> None:
-    from vllm.config.scheduler import SchedulerConfig
-
+    SchedulerConfig = compat.scheduler_config_cls()
     original = SchedulerConfig.get_scheduler_cls
     if getattr(original, "_loadwise", False):
         return
@@ -87,7 +88,7 @@ def _default_to_loadwise_scheduler() -> None:
         return original(self)
 
     get_scheduler_cls._loadwise = True  # type: ignore[attr-defined]
-    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls
 
 
 def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
@@ -209,20 +210,20 @@ def attach_controller(scheduler: Any) -> None:
     """Scheduler init hook (engine-core process). Problems are logged; the engine keeps its
     static table."""
     path = os.environ.get(ENV_PROFILE)
-    if not path or scheduler.num_spec_tokens <= 0 or scheduler.loadwise_table is None:
+    if not path or compat.num_spec_tokens(scheduler) <= 0 or scheduler.loadwise_table is None:
         if path:
             logger.error("loadwise: %s is set but the engine runs without speculative decoding; "
                          "adaptive tables are off", ENV_PROFILE)
         return
     try:
-        model = scheduler.vllm_config.model_config.model
+        model = compat.served_model(scheduler)
         from loadwise.vllm.config import on_cpu
 
         binding = binding_from_env(os.environ) if on_cpu() else None
-        profile = load_checked_profile(path, scheduler.num_spec_tokens, model, binding)
-        static = DraftLengthTable.parse(scheduler.loadwise_table, scheduler.num_spec_tokens)
+        profile = load_checked_profile(path, compat.num_spec_tokens(scheduler), model, binding)
+        static = DraftLengthTable.parse(scheduler.loadwise_table, compat.num_spec_tokens(scheduler))
         controller = AdaptiveController(profile.step_times(), static,
-                                        scheduler.scheduler_config.max_num_seqs,
+                                        compat.max_num_seqs(scheduler),
                                         adaptive_config_from_env())
     except ValueError as exc:  # ProfileError and BindingError among them
         logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)

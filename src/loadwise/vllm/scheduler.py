@@ -24,11 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
 from loadwise.measure.records import StepRecord
+from loadwise.vllm import compat
 
 logger = logging.getLogger("loadwise.scheduler")
 MAX_PENDING_STEPS = 16  # steps scheduled but not yet updated (async scheduling: 1-2)
@@ -47,8 +44,8 @@ class StepLogWriter:
         self._file.write(json.dumps(dataclasses.asdict(record)) + "\n")
 
 
-def _make(base: type[Scheduler]) -> type[Scheduler]:
-    class _Loadwise(base):  # type: ignore[valid-type,misc]
+def _make(base: type[Any]) -> type[Any]:
+    class _Loadwise(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.loadwise_records: collections.deque[StepRecord] = collections.deque(
@@ -61,12 +58,12 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             self._lw_pending: dict[int, tuple[float, int, int]] = {}
             self._lw_last_end_s = 0.0
             self._lw_broken = False
-            if self.num_spec_tokens > 0 and self.dynamic_sd_lookup is None:
+            k = compat.num_spec_tokens(self)
+            if k > 0 and not compat.has_dynamic_lookup(self):
                 # A live table needs vLLM's dynamic path; start it as the static k it was.
-                self.set_table([[1, self.scheduler_config.max_num_seqs, self.num_spec_tokens]])
-            elif self.num_spec_tokens > 0:
-                cfg = self.vllm_config.speculative_config
-                self.loadwise_table = [list(r) for r in cfg.num_speculative_tokens_per_batch_size]
+                self.set_table([[1, compat.max_num_seqs(self), k]])
+            elif k > 0:
+                self.loadwise_table = compat.configured_table(self)
             step_log = os.environ.get(STEP_LOG_ENV)
             if step_log:
                 self.loadwise_observers.append(StepLogWriter(step_log))
@@ -83,14 +80,9 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             Raises ValueError for an invalid table (callers outside vLLM's step decide what to do);
             k above the engine's num_speculative_tokens is clamped exactly as vLLM does.
             """
-            if self.num_spec_tokens <= 0:
+            if compat.num_spec_tokens(self) <= 0:
                 raise ValueError("engine runs without speculative decoding: no table to set")
-            dense = build_dynamic_sd_schedule_lookup(
-                table,
-                vllm_max_batch_size=self.scheduler_config.max_num_seqs,
-                vllm_num_speculative_tokens=self.num_spec_tokens,
-            )
-            self.dynamic_sd_lookup = dense
+            compat.set_dynamic_lookup(self, table)
             self.loadwise_table = [list(r) for r in table]
 
         # --- recording --------------------------------------------------------------------
@@ -122,11 +114,11 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
         def _lw_on_schedule(self, out: Any, start_s: float) -> None:
             # A decode step schedules exactly its sampled token plus its drafts; anything else
             # (a new request, a resumed one, a prompt chunk) is prefill work.
-            new_ids = {r.req_id for r in out.scheduled_new_reqs}
-            spec = out.scheduled_spec_decode_tokens
+            new_ids = compat.scheduled_new_req_ids(out)
+            spec = compat.scheduled_drafts(out)
             num_prefill_tokens = 0
             num_decode = 0
-            for req_id, n in out.num_scheduled_tokens.items():
+            for req_id, n in compat.scheduled_tokens(out).items():
                 if req_id in new_ids or n != 1 + len(spec.get(req_id, ())):
                     num_prefill_tokens += n
                 else:
@@ -138,31 +130,32 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
                 del self._lw_pending[next(iter(self._lw_pending))]
 
         def _lw_count(self, so: Any, mro: Any) -> tuple[int, int, list[int], list[int]]:
-            accepted = [0] * self.num_spec_tokens
-            drafted = [0] * self.num_spec_tokens
+            max_k = compat.num_spec_tokens(self)
+            accepted = [0] * max_k
+            drafted = [0] * max_k
             num_drafts = 0
             num_draft_tokens = 0
-            sampled = mro.sampled_token_ids
-            for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            sampled, row_of = compat.sampled_tokens(mro)
+            for req_id, drafts in compat.scheduled_drafts(so).items():
                 if not drafts:
                     continue
-                idx = mro.req_id_to_index.get(req_id)
+                idx = row_of.get(req_id)
                 if idx is None or not sampled or not sampled[idx]:
                     continue
                 n_draft = len(drafts)
                 n_acc = max(len(sampled[idx]) - 1, 0)
                 num_drafts += 1
                 num_draft_tokens += n_draft
-                for i in range(min(n_draft, self.num_spec_tokens)):
+                for i in range(min(n_draft, max_k)):
                     drafted[i] += 1
-                for i in range(min(n_acc, self.num_spec_tokens)):
+                for i in range(min(n_acc, max_k)):
                     accepted[i] += 1
             return num_drafts, num_draft_tokens, accepted, drafted
 
         def _lw_record(self, so: Any, counts: tuple[int, int, list[int], list[int]]) -> None:
             end_s = time.perf_counter()
             start_s, num_decode, num_prefill = self._lw_pending.pop(id(so), (end_s, 0, 0))
-            if so.total_num_scheduled_tokens == 0:
+            if compat.total_scheduled_tokens(so) == 0:
                 return
             # Under async scheduling steps overlap: a step costs the time since the previous
             # one finished. Under sync scheduling the previous end precedes this start.
@@ -172,12 +165,12 @@ def _make(base: type[Scheduler]) -> type[Scheduler]:
             record = StepRecord(
                 end_time_s=end_s,
                 step_time_s=step_time_s,
-                batch_size=len(so.num_scheduled_tokens),
+                batch_size=len(compat.scheduled_tokens(so)),
                 num_decode_reqs=num_decode,
                 num_prefill_tokens=num_prefill,
                 num_draft_tokens=num_draft_tokens,
                 num_drafts=num_drafts,
-                k_next=so.num_spec_tokens_to_schedule,
+                k_next=compat.draft_length_next(so),
                 accepted_per_pos=tuple(accepted),
                 draft_tokens_per_pos=tuple(drafted),
             )
@@ -212,5 +205,6 @@ def add_init_hook(hook: Callable[[Any], None]) -> None:
         _INIT_HOOKS.append(hook)
 
 
-LoadwiseScheduler = _make(Scheduler)
-LoadwiseAsyncScheduler = _make(AsyncScheduler)
+_SYNC, _ASYNC = compat.scheduler_bases()
+LoadwiseScheduler = _make(_SYNC)
+LoadwiseAsyncScheduler = _make(_ASYNC)

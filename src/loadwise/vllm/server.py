@@ -22,10 +22,12 @@ from typing import Self
 
 import requests
 
+from loadwise.errors import LoadwiseError
+from loadwise.vllm import compat
 from loadwise.vllm.config import EngineSpec
 
 
-class ServerError(RuntimeError):
+class ServerError(LoadwiseError, RuntimeError):
     pass
 
 
@@ -76,6 +78,7 @@ class ServerProcess:
 
     def launch(self) -> Self:
         """Start the server process and return at once (see :meth:`wait_ready`)."""
+        compat.check_vllm_version()
         env = self.spec.env()
         env.update(self.extra_env)
         self.proc = subprocess.Popen(

@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadwise.cli.common import console
+from loadwise.errors import ConfigError
 from loadwise.kv.hints import SimulatedHints
 from loadwise.kv.placement import POLICIES, create_policy
 from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
@@ -69,7 +71,7 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
             fields = raw.get("device", {}).get("model", raw) if "device" in raw else raw
             return DeviceModel(**fields), {"source": args.device, "model": fields}
         except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(f"--device {args.device}: not a device model JSON "
+            raise ConfigError(f"--device {args.device}: not a device model JSON "
                              f"(read_bw_bytes_s, write_bw_bytes_s, read_latency_s): {exc}") from exc
     from loadwise.kv.bench import measure
 
@@ -88,7 +90,7 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
     return model, {"source": "measured", **m.to_json(), "model": asdict(model)}
 
 
-def cmd_replay(args: argparse.Namespace, console: Console) -> int:
+def cmd_replay(args: argparse.Namespace) -> int:
     from loadwise.provenance import provenance
 
     # Bad input fails before any work (the device measurement alone takes a minute).
@@ -99,9 +101,9 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     try:
         speedups = [float(x) for x in args.speedups.split(",")]
     except ValueError:
-        raise ValueError(f"--speedups {args.speedups!r}: not a comma-separated list of numbers") from None
+        raise ConfigError(f"--speedups {args.speedups!r}: not a comma-separated list of numbers") from None
     if not speedups or min(speedups) <= 0:
-        raise ValueError(f"--speedups: every factor must be > 0, got {args.speedups!r}")
+        raise ConfigError(f"--speedups: every factor must be > 0, got {args.speedups!r}")
     made_by = provenance()
     requests, bad = read_trace(args.trace, strict=args.strict, limit=args.limit)
     for b in bad[:10]:
@@ -167,10 +169,10 @@ def _accuracies(text: str) -> list[float]:
     try:
         out = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--hint-accuracy {text!r}: not a comma-separated list of numbers") from None
+        raise ConfigError(f"--hint-accuracy {text!r}: not a comma-separated list of numbers") from None
     bad = [a for a in out if not 0.0 <= a <= 1.0]
     if bad:
-        raise ValueError(f"--hint-accuracy: accuracies are in [0, 1], got {bad}")
+        raise ConfigError(f"--hint-accuracy: accuracies are in [0, 1], got {bad}")
     return out
 
 

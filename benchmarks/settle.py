@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from loadwise.policy.goodput import Acceptance, StepTimes, choose, goodput
+from loadwise.policy.choice import choose
+from loadwise.policy.goodput import Acceptance, StepTimes, goodput
 
 
 def settle_within(load: int, k_timeline: list[tuple[float, int]], shift_s: float, end_s: float,

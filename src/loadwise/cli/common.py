@@ -1,0 +1,177 @@
+"""What the commands share: the consoles, the engine options and the engine they describe,
+the progress bar, and the CPU binding and drafter a profile was tuned with."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+
+from loadwise.errors import LoadwiseError
+from loadwise.vllm.binding import AUTO, CpuBinding
+from loadwise.vllm.config import EngineSpec, parse_table_arg
+
+console = Console(stderr=False)
+err = Console(stderr=True)
+
+MEASURE = "measure"
+BINDING_HELP = ("vllm-cpu: cores for the model threads: auto (vLLM's default, reserves a core), "
+                "all, or a list like 0-3 (default: {default}); ignored by GPU vLLM")
+
+
+class UsageError(LoadwiseError):
+    """Options that contradict each other or the profile they name."""
+
+
+def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
+                    binding_help: str = "") -> None:
+    binding_help = binding_help or BINDING_HELP.format(default="auto")
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "none"],
+                   help="speculative decoding method (default: ngram)")
+    g.add_argument("--max-k", type=int, default=4,
+                   help="engine's num_speculative_tokens: the largest draft length (default: 4)")
+    g.add_argument("--draft-model", help="draft model directory for --spec-method draft")
+    g.add_argument("--prompt-lookup-min", type=int, default=None,
+                   help="ngram: shortest n-gram to match (default: vLLM's)")
+    g.add_argument("--prompt-lookup-max", type=int, default=None,
+                   help="ngram: longest n-gram to match (default: vLLM's)")
+    g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
+                   help=f"largest batch the engine schedules (default: {max_num_seqs})")
+    g.add_argument("--max-model-len", type=int, default=2048,
+                   help="longest prompt + output in tokens (default 2048)")
+    g.add_argument("--kv-cache-gib", type=int, default=4,
+                   help="CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE; default 4)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="GPU vLLM: share of GPU memory for the engine (default 0.5)")
+    g.add_argument("--dtype", default=None,
+                   help="model dtype (default: float32, the fastest on AVX2 CPUs)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="no torch.compile: the engine starts in seconds instead of minutes, but "
+                        "its steps may be slower; tune with the mode you serve with")
+    g.add_argument("--cpu-binding", default=None, metavar="auto|all|CORES", help=binding_help)
+
+
+def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
+                prefix_caching: bool = True, binding: CpuBinding | None = None,
+                **overrides: Any) -> EngineSpec:
+    """The engine the command line asks for. ``binding`` overrides ``--cpu-binding``;
+    ``overrides`` replace engine options a command takes from elsewhere (a profile), by
+    their option names (``max_k``, ``max_num_seqs``, ``model``, ``prompt_lookup_min`` …)."""
+    from loadwise.model import DEFAULT_DTYPE, prepare
+
+    opt = {**vars(args), **overrides}
+    # Validate what the user typed before the slow parts (model build, engine start).
+    method = None if opt["spec_method"] == "none" else opt["spec_method"]
+    if table_arg and method is None:
+        raise UsageError("--table needs speculation: drop --spec-method none")
+    table = parse_table_arg(table_arg, opt["max_k"]) if method else None
+    if binding is None:
+        binding = CpuBinding.parse(opt["cpu_binding"] or AUTO)
+    model = opt["model"]
+    if model is None:
+        prepared = prepare()
+        if prepared.rebuilt:
+            console.print(f"built embedded model at {prepared.path}")
+        model = str(prepared.path)
+    return EngineSpec(
+        model=model, spec_method=method, max_k=opt["max_k"], draft_model=opt["draft_model"],
+        table=table, max_num_seqs=opt["max_num_seqs"], max_model_len=opt["max_model_len"],
+        kv_cache_space_gib=opt["kv_cache_gib"],
+        gpu_memory_utilization=opt["gpu_memory_utilization"],
+        dtype=opt["dtype"] or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
+        prompt_lookup_min=opt["prompt_lookup_min"], prompt_lookup_max=opt["prompt_lookup_max"],
+        enforce_eager=opt["enforce_eager"], cpu_binding=binding,
+    )
+
+
+def drafter_from_profile(args: argparse.Namespace,
+                         meta: Mapping[str, Any]) -> dict[str, int | None]:
+    """The prompt-lookup range a table was tuned with, as engine overrides. Prompt lookup's
+    n-gram range changes how often and how well ngram drafts, so a table is evaluated on the
+    range it was tuned with, and a flag that contradicts the profile is refused rather than
+    silently judging the table on another drafter (docs/evaluate.md)."""
+    tuned = list(meta.get("prompt_lookup") or [None, None])
+    out: dict[str, int | None] = {}
+    for i, (flag, attr) in enumerate((("--prompt-lookup-min", "prompt_lookup_min"),
+                                      ("--prompt-lookup-max", "prompt_lookup_max"))):
+        given = getattr(args, attr)
+        if given is not None and given != tuned[i]:
+            was = tuned[i] if tuned[i] is not None else "vLLM's default"
+            raise UsageError(f"{flag} {given}: the profile was tuned with {was}; drop the flag "
+                             "to evaluate the table on the drafter it was tuned with")
+        out[attr] = tuned[i]
+    return out
+
+
+def binding_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
+                        what: str) -> CpuBinding:
+    """The profile's binding unless --cpu-binding names one; a binding other than the one the
+    profile's step times were measured at is refused."""
+    from loadwise.vllm.binding import check_profile_binding, profile_binding
+
+    tuned = profile_binding(meta)
+    binding = CpuBinding.parse(args.cpu_binding) if args.cpu_binding else (tuned or CpuBinding())
+    check_profile_binding(meta, binding, what)
+    return binding
+
+
+@contextmanager
+def progress(description: str, total: int) -> Iterator[tuple[Callable[[str], None], Any]]:
+    """A progress bar with ETA; yields ``advance(what)`` (one unit done, now doing ``what``)
+    and the rich Progress (to print above the bar or relabel it)."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
+        task = prog.add_task(description, total=total)
+
+        def advance(what: str) -> None:
+            prog.update(task, advance=1, description=what)
+
+        yield advance, prog
+
+
+def config_default(cls: type, name: str) -> Any:
+    """A config dataclass's default for ``name``: the parsers read their defaults from the
+    configs, so each default is written once."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{cls.__name__} has no field {name!r} with a default")
+
+
+def csv(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def int_list(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+
+
+def nonneg_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
