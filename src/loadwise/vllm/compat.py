@@ -152,3 +152,34 @@ def draft_length_next(scheduler_output: Any) -> int:
 def sampled_tokens(model_runner_output: Any) -> tuple[Sequence[Sequence[int]], Mapping[str, int]]:
     """(sampled token ids per batch row, request id -> row) of a finished step."""
     return model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
+
+
+# --- the KV connector's view of a step -------------------------------------------------------
+def new_requests(scheduler_output: Any) -> list[tuple[str, list[int], int]]:
+    """(request id, its block ids in the first KV cache group, tokens computed before the
+    step) of every request scheduled for the first time."""
+    return [(r.req_id, list(r.block_ids[0]), int(r.num_computed_tokens))
+            for r in scheduler_output.scheduled_new_reqs]
+
+
+def cached_requests(scheduler_output: Any) -> list[tuple[str, list[int] | None, bool, int]]:
+    """(request id, block ids added this step or None, resumed (the ids are then all of its
+    blocks), tokens computed before the step) of every request scheduled before."""
+    c = scheduler_output.scheduled_cached_reqs
+    out = []
+    for i, req_id in enumerate(c.req_ids):
+        new = c.new_block_ids[i]
+        out.append((req_id, None if new is None else list(new[0]), req_id in c.resumed_req_ids,
+                    int(c.num_computed_tokens[i])))
+    return out
+
+
+def request_block_hashes(request: Any) -> Sequence[bytes]:
+    """vLLM's chained hash of every full block of a request's tokens (filled whenever a KV
+    connector is configured; grows as the request's tokens do)."""
+    return request.block_hashes  # type: ignore[no-any-return]
+
+
+def allocated_block_ids(blocks: Any) -> list[int]:
+    """Block ids of a request's KVCacheBlocks, first KV cache group."""
+    return list(blocks.get_block_ids()[0])

