@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,12 @@ class StatsFile:
         self.every_s = every_s
         self._last = 0.0
 
-    def maybe_write(self, counters: ConnectorCounters, extra: dict[str, Any] | None = None,
+    def maybe_write(self, counters: ConnectorCounters,
+                    extra: Callable[[], dict[str, Any]] | None = None,
                     force: bool = False) -> None:
+        """Write the counters (and ``extra()``, built only when written) if ``every_s`` has
+        passed since the last write, or ``force``. Called on the engine's step path: a call
+        that does not write costs a clock read."""
         now = time.monotonic()
         if not force and now - self._last < self.every_s:
             return
@@ -54,7 +59,7 @@ class StatsFile:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps({"pid": os.getpid(), "written_at": time.time(),
-                                       **counters.to_json(), **(extra or {})}))
+                                       **counters.to_json(), **(extra() if extra else {})}))
             tmp.replace(self.path)
         except OSError:
             tmp.unlink(missing_ok=True)  # counters are best effort; the store is not

