@@ -163,7 +163,10 @@ def main(argv: Sequence[str]) -> None:
             print(f"{arg}: no engine steps recorded (an older results file), skipped")
             continue
         summary = score(record)
-        report["files"][Path(arg).name] = summary
+        # Step times hold only at the binding they ran at: each file says which it was.
+        report["files"][Path(arg).name] = {"cpu_binding": record.header.meta.get("cpu_binding"),
+                                          "git_sha": record.header.meta.get("git_sha"),
+                                          "prediction": summary}
         for key, s in summary.items():
             print(f"{Path(arg).name}: {key}: median |error| {s['median_abs_rel_error']:.1%} "
                   f"(n={s['n']})")
