@@ -16,11 +16,13 @@ PROMPT = ("Tell me a long story about a lighthouse keeper who finds a strange ma
           "and what the map leads her to. ") * 16
 
 
-def _engine(model_dir: str, store: Path) -> object:
+def _engine(model_dir: str, store: Path, memory_gib: float = 0.0,
+            policy: str = "flat") -> object:
     from loadwise.vllm.local import LocalEngine
 
     spec = EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=4,
-                      kv_cache_space_gib=1, kv_store=KvStoreConfig(str(store), 1.0),
+                      kv_cache_space_gib=1,
+                      kv_store=KvStoreConfig(str(store), 1.0, memory_gib, policy),
                       cpu_binding=CpuBinding.parse(CPU_BINDING))
     return LocalEngine(spec)
 
@@ -78,3 +80,50 @@ def test_a_corrupt_stored_block_is_recomputed_and_the_answer_does_not_change(
     worker = read_stats(store)["worker"]
     assert worker["load_errors"] >= 2 and set(worker["load_error_reasons"]) == {
         "checksum mismatch"}
+
+
+def test_the_memory_tier_serves_a_prefix_vllm_evicted_and_tiered_demotes_to_the_files(
+        model_dir: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    # Memory for 4 blocks: the prompt's blocks fit; a second prompt evicts them to the files.
+    engine = _engine(model_dir, store, memory_gib=4 * 5.9e6 / (1 << 30), policy="tiered")
+    try:
+        prompt = engine.chat_prompt(PROMPT)  # type: ignore[attr-defined]
+        reference, _ = _generate(engine, prompt)
+        assert not list((store / "blocks").rglob("*.blk"))  # tiered: memory first
+        engine.llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        tokens, cached = _generate(engine, prompt)
+        assert tokens == reference and cached >= 128
+        other = engine.chat_prompt("Explain, step by step, how a canal lock raises a boat. " * 30)  # type: ignore[attr-defined]
+        _generate(engine, other)
+    finally:
+        engine.shutdown()  # type: ignore[attr-defined]
+    worker = read_stats(store)["worker"]
+    assert worker["memory_blocks_loaded"] >= 1 and worker["load_errors"] == 0
+    assert worker["blocks_demoted"] >= 1
+    assert len(list((store / "blocks").rglob("*.blk"))) == worker["store"]["blocks_written"] >= 1
+
+
+def test_a_failing_plan_recomputes_the_promised_blocks_instead_of_using_them_unfilled(
+        model_dir: str, tmp_path: Path) -> None:
+    """The scheduler side promised vLLM stored tokens, then its plan failed: the blocks must
+    come back as load errors (recomputed), never be decoded from unfilled memory."""
+    store = tmp_path / "store"
+    engine = _engine(model_dir, store)
+    try:
+        prompt = engine.chat_prompt(PROMPT)  # type: ignore[attr-defined]
+        reference, _ = _generate(engine, prompt)
+        engine.llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        connector = engine.scheduler.connector  # type: ignore[attr-defined]
+
+        def broken(*args: object, **kwargs: object) -> object:
+            raise RuntimeError("injected planner failure")
+
+        connector.planner.plan_step = broken
+        tokens, _ = _generate(engine, prompt)
+    finally:
+        engine.shutdown()  # type: ignore[attr-defined]
+    assert tokens == reference
+    worker = read_stats(store)["worker"]
+    assert worker["load_error_reasons"].get("not planned", 0) >= 2
+    assert worker["blocks_loaded"] == 0

@@ -67,7 +67,7 @@ def test_policy_contract(name: str, prompts: list[list[int]], mem_blocks: int,
                       ssd_bytes=ssd_blocks << 20, extent_blocks=extent_blocks)
     r = Replayer(policy, cfg, FAST)  # type: ignore[arg-type]
     for q in chained_trace(prompts):
-        mem0, ssd0 = set(r.memory.blocks), set(r.ssd.where)
+        mem0, ssd0 = set(r.memory), set(r.ssd.where)
         stored_prefix = 0
         for h in q.hash_ids[:q.input_tokens // 512]:
             if h not in r.seen or (h not in mem0 and h not in ssd0):
@@ -76,7 +76,7 @@ def test_policy_contract(name: str, prompts: list[list[int]], mem_blocks: int,
         hits0 = r.stats.hit_blocks
         policy.homes.clear()
         r.request(q)
-        mem1, ssd1 = set(r.memory.blocks), set(r.ssd.where)
+        mem1, ssd1 = set(r.memory), set(r.ssd.where)
         assert len(mem1) <= mem_blocks and len(ssd1) <= ssd_blocks
         assert r.stats.hit_blocks - hits0 == stored_prefix
         new_mem, new_ssd = mem1 - mem0, ssd1 - ssd0
@@ -117,7 +117,7 @@ def test_replay_never_reads_more_than_the_ceiling(name: str, prompts: list[list[
     s = r.run(trace)
     assert 0 <= s.read_back_tokens <= s.reusable_tokens
     assert s.hit_blocks == s.hit_blocks_memory + s.hit_blocks_ssd <= s.reusable_blocks
-    assert len(r.memory.blocks) <= max(mem_blocks, 0)
+    assert len(r.memory) <= max(mem_blocks, 0)
     assert r.ssd.num_blocks <= ssd_blocks
 
 

@@ -26,7 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare `--` is vLLM's (serve passes it through to vLLM's server).
+    passthrough: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    args.vllm_args = passthrough
+    if passthrough and not getattr(args, "takes_vllm_args", False):
+        err.print(f"[red]error:[/] only `loadwise serve` takes vLLM flags after `--`; "
+                  f"got {' '.join(passthrough)}", soft_wrap=True)
+        return 2
     try:
         return int(args.func(args))
     except LoadwiseError as exc:

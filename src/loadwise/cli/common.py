@@ -45,8 +45,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
                    help=f"largest batch the engine schedules (default: {max_num_seqs})")
     g.add_argument("--max-model-len", type=int, default=2048,
                    help="longest prompt + output in tokens (default 2048)")
-    g.add_argument("--kv-cache-gib", type=int, default=4,
-                   help="CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE; default 4)")
+    g.add_argument("--kv-cache-gib", type=float, default=4,
+                   help="CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE; a fraction such as 0.25 "
+                   "goes through --kv-cache-memory-bytes; default 4)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="GPU vLLM: share of GPU memory for the engine (default 0.5)")
     g.add_argument("--dtype", default=None,

@@ -22,7 +22,7 @@ from loadwise.kv.trace import read_trace
 
 
 def add_parser(sub: Any) -> None:
-    kv = sub.add_parser("kv", help="KV-cache store: trace replay of placement policies")
+    kv = sub.add_parser("kv", help="KV-cache store: trace replay of placement policies, a store's status")
     kv_sub = kv.add_subparsers(dest="kv_command", required=True, metavar="ACTION")
     rp = kv_sub.add_parser("replay", help="replay a Mooncake-format trace (JSONL)")
     rp.add_argument("trace", help="a Mooncake-format JSONL trace (one request per line: "
@@ -61,6 +61,55 @@ def add_parser(sub: Any) -> None:
     rp.add_argument("--out", default="loadwise-kv",
                     help="where the JSON and PNG go (default ./loadwise-kv)")
     rp.set_defaults(func=cmd_replay)
+    st = kv_sub.add_parser("status", help="what a --kv-store directory holds, and its counters")
+    st.add_argument("store_dir", metavar="DIR", help="the directory given to serve --kv-store")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from loadwise.kv.store_status import store_status
+
+    status = store_status(args.store_dir)
+    if args.json:
+        print(json.dumps(status.to_json(), indent=1))
+        return 0
+    console.print(f"{status.store_dir}: {status.num_blocks} blocks, "
+                  f"{status.used_bytes / (1 << 20):.1f} MiB"
+                  + (f", {status.leftovers} crash leftovers" if status.leftovers else "")
+                  + (f", {status.unreadable} unreadable files" if status.unreadable else ""))
+    for fp, (n, nbytes) in sorted(status.by_fingerprint.items(), key=lambda kv: -kv[1][0]):
+        live = any(s.get("fingerprint") == fp for s in status.stats.values())
+        console.print(f"  engine {fp[:12]}: {n} blocks, {nbytes / (1 << 20):.1f} MiB"
+                      + ("  (the engine that last wrote counters)" if live else ""))
+    t = Table(title="counters since each engine side last started")
+    t.add_column("side")
+    t.add_column("counter")
+    t.add_column("value", justify="right")
+    for side, stats in status.stats.items():
+        if not stats:
+            t.add_row(side, "(none written)", "")
+            continue
+        for key in _STATUS_KEYS[side]:
+            if key in stats:
+                value = stats[key]
+                t.add_row(side, key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        if side == "worker":
+            for reason, n in sorted(stats.get("load_error_reasons", {}).items()):
+                t.add_row(side, f"load error: {reason}", str(n))
+            for key, value in sorted(stats.get("store", {}).items()):
+                t.add_row(side, f"store.{key}", str(value))
+    console.print(t)
+    return 0
+
+
+_STATUS_KEYS = {
+    "scheduler": ("lookups", "lookup_blocks", "hit_blocks", "hit_tokens", "saves_planned",
+                  "lookup_s", "plan_s"),
+    "worker": ("blocks_loaded", "memory_blocks_loaded", "bytes_loaded", "load_errors",
+               "blocks_staged", "blocks_demoted", "memory_blocks", "load_s", "stage_s", "steps",
+               "step_s"),
+}
 
 
 def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, dict[str, Any]]:

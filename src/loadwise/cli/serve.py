@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,14 @@ from loadwise.cli.common import (
     err,
 )
 
+KV_SSD_GIB_DEFAULT = 16.0
+
 
 def add_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="start vLLM's OpenAI server with a draft-length table")
+    serve = sub.add_parser(
+        "serve", help="start vLLM's OpenAI server with a draft-length table",
+        epilog="Flags after a bare `--` go to vLLM's server as given, after loadwise's own, "
+        "e.g. `loadwise serve -- --kv-cache-memory-bytes 300000000`.")
     add_engine_args(serve, binding_help=BINDING_HELP.format(
         default="the binding --profile was tuned at, else auto"))
     serve.add_argument("--table", help="draft-length table: JSON file or inline "
@@ -34,10 +40,24 @@ def add_parser(sub: Any) -> None:
                        "default, and --adaptive's step times")
     serve.add_argument("--state-file", help="where the live controller writes its state "
                        "(default: live-state.json next to the profile)")
+    serve.add_argument("--kv-store", metavar="DIR",
+                       help="keep KV blocks in loadwise's store in DIR (vLLM KV connector): a "
+                       "chat's next turn and a restarted server load stored prefixes instead of "
+                       "recomputing them")
+    serve.add_argument("--kv-ssd-gib", type=float, default=KV_SSD_GIB_DEFAULT,
+                       help="capacity of --kv-store; least recently used blocks are deleted "
+                       "beyond it (default 16)")
+    serve.add_argument("--kv-memory-gib", type=float, default=0.0,
+                       help="memory tier of --kv-store in the engine process (default 0: every "
+                       "block goes to the files; the page cache still serves recent ones)")
+    serve.add_argument("--kv-policy", default="flat", choices=("flat", "tiered"),
+                       help="placement between memory and files: flat (decided when a block is "
+                       "created; never moves) or tiered (memory first, evicted to the files, "
+                       "promoted on a hit); default flat")
     serve.add_argument("--start-timeout", type=float, default=900.0,
                        help="seconds to wait for the server to become healthy (default 900)")
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
-    serve.set_defaults(func=run)
+    serve.set_defaults(func=run, takes_vllm_args=True)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -47,6 +67,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from loadwise.vllm.server import ServerProcess
 
+    if not args.kv_store and (args.kv_memory_gib or args.kv_policy != "flat"
+                              or args.kv_ssd_gib != KV_SSD_GIB_DEFAULT):
+        raise UsageError("--kv-ssd-gib, --kv-memory-gib and --kv-policy need --kv-store DIR")
     extra_env: dict[str, str] = {}
     if args.adaptive:
         from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
@@ -68,6 +91,16 @@ def run(args: argparse.Namespace) -> int:
 
             binding = profile_binding(profile.meta)
     spec = engine_spec(args, args.table, binding=binding)
+    if getattr(args, "vllm_args", None):
+        spec = replace(spec, server_extra_args=tuple(args.vllm_args))
+    if args.kv_store:
+        from loadwise.vllm.config import KvStoreConfig
+
+        kv = KvStoreConfig(args.kv_store, args.kv_ssd_gib, args.kv_memory_gib, args.kv_policy)
+        kv.check_usable()
+        spec = replace(spec, kv_store=kv)
+        console.print(f"KV store: {Path(args.kv_store).resolve()} (files {args.kv_ssd_gib:g} GiB, "
+                      f"memory {args.kv_memory_gib:g} GiB, {args.kv_policy})")
     if args.adaptive:
         assert profile is not None  # --adaptive without --profile was refused above
         # Reject a mismatched profile before any engine starts.

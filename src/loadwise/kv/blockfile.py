@@ -39,6 +39,14 @@ def encode(fp: bytes, block_hash: bytes, payload: bytes | memoryview) -> bytes:
     return b"".join((header, block_hash, payload))
 
 
+def header_fingerprint(head: bytes | memoryview) -> bytes | None:
+    """The engine fingerprint a blob's header names, or None when it is not a loadwise block."""
+    if len(head) < HEADER.size:
+        return None
+    magic, version, fp, *_ = HEADER.unpack_from(head)
+    return fp if magic == MAGIC and version == VERSION else None
+
+
 @dataclass(frozen=True, slots=True)
 class Checked:
     """A blob's payload, or why it is not usable (``payload`` None)."""

@@ -9,6 +9,7 @@ talking to the engine. A restart starts the counters again from zero.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,18 +34,56 @@ class ConnectorCounters:
     load_errors: int = 0
     load_error_reasons: dict[str, int] = field(default_factory=dict)
     blocks_staged: int = 0
+    memory_blocks_loaded: int = 0  # of blocks_loaded, those from the memory tier
+    blocks_demoted: int = 0  # memory blocks written to the files on eviction (tiered)
     load_s: float = 0.0
     stage_s: float = 0.0
+    # the engine's forward passes, from binding the step's metadata to the end of
+    # wait_for_save: what the connector's seconds (lookup, plan, load, stage) are a share of
+    steps: int = 0
+    step_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# What reaches vLLM's /metrics (as counters, "_total" appended): counter field -> help text.
+# Lookups and hits in tokens are vLLM's own vllm:external_prefix_cache_{queries,hits}.
+PROM_COUNTERS: dict[str, str] = {
+    "lookup_blocks": "KV blocks looked up in loadwise's store beyond vLLM's own prefix hit",
+    "hit_blocks": "KV blocks found in loadwise's store",
+    "blocks_loaded": "KV blocks copied from loadwise's store into vLLM's cache",
+    "bytes_loaded": "bytes of KV loaded from loadwise's store",
+    "load_errors": "stored KV blocks refused (checks, reads): vLLM recomputed them",
+    "blocks_staged": "KV blocks saved into loadwise's memory tier or handed to its writer",
+    "memory_blocks_loaded": "KV blocks loaded from loadwise's memory tier",
+    "blocks_demoted": "KV blocks moved from loadwise's memory tier to its files",
+    "blocks_written": "KV blocks written durably to loadwise's store",
+    "bytes_written": "bytes of KV written to loadwise's store",
+    "saves_dropped": "KV blocks not stored (writer queue full or a write failed)",
+    "lookup_s": "seconds in loadwise store lookups (scheduler)",
+    "plan_s": "seconds building loadwise's per-step connector plan (scheduler)",
+    "load_s": "seconds loading KV from loadwise's store (worker, step path)",
+    "stage_s": "seconds staging KV blocks for loadwise's store (worker, step path)",
+    "step_s": "seconds of engine forward steps seen by loadwise's connector",
+}
+
+
+def counter_delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
+    """The PROM_COUNTERS that grew since ``before``, by how much (both are cumulative)."""
+    out: dict[str, float] = {}
+    for key in PROM_COUNTERS:
+        d = float(now.get(key, 0)) - float(before.get(key, 0))
+        if d > 0:
+            out[key] = d
+    return out
 
 
 class StatsFile:
     def __init__(self, store_dir: str | Path, side: str, every_s: float = 2.0) -> None:
         self.path = Path(store_dir) / f"stats-{side}.json"
         self.every_s = every_s
-        self._last = 0.0
+        self._last = -math.inf  # the first call writes, however young the clock
 
     def maybe_write(self, counters: ConnectorCounters,
                     extra: Callable[[], dict[str, Any]] | None = None,

@@ -120,6 +120,11 @@ class FileBlockStore:
         self._queue.put((key, blob))
         return True
 
+    def write_now(self, key: str, blob: bytes) -> None:
+        """Write a block on the caller's thread (durable on return unless the write failed,
+        which is counted): for shutdown, when nothing waits on the step path."""
+        self._write(key, blob)
+
     def flush(self) -> None:
         """Wait until every queued block is written (or dropped)."""
         self._queue.join()

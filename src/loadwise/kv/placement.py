@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from loadwise.errors import ConfigError
@@ -155,6 +155,23 @@ class TieredPolicy(PlacementPolicy):
 
 
 POLICIES: dict[str, Callable[[], PlacementPolicy]] = {"flat": FlatPolicy, "tiered": TieredPolicy}
+
+
+# The block the policies' block counts were set for: the Mooncake trace's (512 tokens).
+POLICY_BLOCK_TOKENS = 512
+
+
+def create_policy_for_blocks(name: str, block_tokens: int) -> PlacementPolicy:
+    """The policy ``name`` with its block counts kept in tokens for blocks of ``block_tokens``
+    (vLLM's KV blocks: 128 tokens on CPU, 16 on GPU by default)."""
+    policy = create_policy(name)
+    if isinstance(policy, FlatPolicy):
+        def scale(blocks: int) -> int:
+            return max(1, -(-blocks * POLICY_BLOCK_TOKENS // block_tokens))
+
+        policy = replace(policy, shared_prefix_blocks=scale(policy.shared_prefix_blocks),
+                         short_session_blocks=scale(policy.short_session_blocks))
+    return policy
 
 
 def create_policy(name: str) -> PlacementPolicy:

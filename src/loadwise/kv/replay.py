@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from loadwise.errors import ConfigError
+from loadwise.kv.lru import LruKeys
 from loadwise.kv.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest
 
@@ -72,32 +73,6 @@ class StoreConfig:
             raise ConfigError("block size must be > 0 and capacities >= 0")
         if self.extent_blocks < 1:
             raise ConfigError("extent_blocks must be >= 1")
-
-
-class SimMemory:
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-
-    def __contains__(self, key: int) -> bool:
-        return key in self.blocks
-
-    def touch(self, key: int) -> None:
-        if key in self.blocks:
-            self.blocks.move_to_end(key)
-
-    def insert(self, key: int) -> list[int]:
-        """Store a block (most recent); returns the blocks evicted to make room (LRU)."""
-        if self.capacity_blocks <= 0:
-            return [key]
-        if key in self.blocks:
-            self.blocks.move_to_end(key)
-            return []
-        self.blocks[key] = None
-        evicted = []
-        while len(self.blocks) > self.capacity_blocks:
-            evicted.append(self.blocks.popitem(last=False)[0])
-        return evicted
 
 
 class SimSSD:
@@ -208,7 +183,7 @@ class Replayer:
         self.store = store
         self.device = device
         self.speedup = speedup
-        self.memory = SimMemory(store.memory_bytes // store.block_bytes)
+        self.memory: LruKeys[int] = LruKeys(store.memory_bytes // store.block_bytes)
         self.ssd = SimSSD(store.ssd_bytes // store.block_bytes, store.extent_blocks)
         self.seen: set[int] = set()  # the infinite cache: the ceiling
         self.refs: dict[int, int] = {}
@@ -235,7 +210,7 @@ class Replayer:
             end = max(requests[-1].arrival_s / self.speedup, self.read_busy_until) + \
                 self.write_backlog_s
             st.duration_s = end - requests[0].arrival_s / self.speedup
-        st.memory_blocks_end = len(self.memory.blocks)
+        st.memory_blocks_end = len(self.memory)
         st.ssd_blocks_end = self.ssd.num_blocks
         return st
 
@@ -340,7 +315,7 @@ class Replayer:
 
     def _to_memory(self, key: int, now: float) -> None:
         self.stats.bytes_written["memory"] += self.store.block_bytes
-        evicted = self.memory.insert(key)
+        evicted = self.memory.add(key)
         if self.policy.offload_on_evict():
             # Offloads are batched per request into one write call, as a real tiered store
             # does (an fsync per evicted block would be an unfair baseline).

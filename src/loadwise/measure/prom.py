@@ -36,6 +36,15 @@ def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def totals(text: str, prefix: str) -> dict[str, float]:
+    """Every sample whose name starts with ``prefix``, summed over its labels."""
+    out: dict[str, float] = {}
+    for name, samples in parse_samples(text).items():
+        if name.startswith(prefix):
+            out[name] = sum(v for _, v in samples)
+    return out
+
+
 def spec_counters(text: str) -> SpecCounters:
     samples = parse_samples(text)
 

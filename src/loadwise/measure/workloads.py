@@ -155,6 +155,30 @@ def _sharegpt_parts() -> dict[str, list[str]]:
     return parts
 
 
+def sharegpt_chats(num_chats: int, min_turns: int, max_chars: int = MAX_PROMPT_CHARS,
+                   seed: int = 0) -> list[tuple[str, ...]]:
+    """The user messages of ``num_chats`` ShareGPT conversations with at least ``min_turns``
+    user turns (the first ``min_turns`` of each; ASCII, each of MIN_PROMPT_CHARS..``max_chars``
+    characters), in a seeded order. The assistant's side is left to the model being served."""
+    chats: list[tuple[str, ...]] = []
+    for conv in _sharegpt_conversations():
+        turns = conv.get("conversations")
+        if not isinstance(turns, list):
+            continue
+        human = [str(t.get("value", "")).strip() for t in turns
+                 if isinstance(t, dict) and t.get("from") == "human"]
+        if len(human) < min_turns:
+            continue
+        first = human[:min_turns]
+        if all(MIN_PROMPT_CHARS <= len(m) <= max_chars and m.isascii() for m in first):
+            chats.append(tuple(first))
+    random.Random(seed).shuffle(chats)
+    if len(chats) < num_chats:
+        raise WorkloadError(f"ShareGPT has {len(chats)} conversations with {min_turns} user turns "
+                            f"of at most {max_chars} characters; {num_chats} asked for")
+    return chats[:num_chats]
+
+
 def builtin(name: str, size: int = 200) -> Workload:
     name = ALIASES.get(name, name)
     if name not in BUILTIN:

