@@ -1,0 +1,145 @@
+"""P/D isolation invariants as pure bookkeeping: admission before any handoff, deferred release
+on both sides until every transfer in flight is acknowledged, late and duplicate acks ignored,
+and a received block used only when its hash and request tag are the request's own."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadwise.kv.disagg_ledger import (
+    DecodeLedger,
+    EngineLimits,
+    PrefillLedger,
+    Rejected,
+    admit,
+    block_matches,
+)
+
+P = EngineLimits(max_model_len=2048, kv_capacity_tokens=4096)
+D = EngineLimits(max_model_len=2048, kv_capacity_tokens=1024)
+
+
+def test_over_capacity_and_over_context_are_rejected_before_handoff() -> None:
+    admit(500, 100, P, D)
+    with pytest.raises(Rejected, match="decode engine's KV capacity"):
+        admit(1000, 100, P, D)
+    with pytest.raises(Rejected, match="prefill engine's context limit"):
+        admit(3000, 1, P, EngineLimits(8192, 8192))
+    with pytest.raises(Rejected, match="empty"):
+        admit(0, 10, P, D)
+
+
+def test_a_foreign_or_stale_block_is_never_used() -> None:
+    assert block_matches(b"h", "req-1", b"h", "req-1")
+    assert not block_matches(b"h", "req-1", b"h", "req-2")  # another request's block
+    assert not block_matches(b"h", "req-1", b"x", "req-1")  # other tokens
+
+
+def test_prefill_frees_after_the_last_ack_and_never_with_a_read_in_flight() -> None:
+    led = PrefillLedger(lease_s=10)
+    led.hold("r", (1, 2, 3), now_s=0)
+    assert led.begin_read("r", "t1", now_s=1)
+    assert led.begin_read("r", "t2", now_s=1)
+    assert led.ack("r", "t1") == ()  # t2 still reads the blocks
+    assert led.expire(now_s=100) == []  # the lease ran out, but a read is in flight
+    assert led.ack("r", "t2") == (1, 2, 3)
+    assert led.ack("r", "t2") == () and led.ignored_acks == 1  # duplicate
+    assert led.held_blocks() == 0
+
+
+def test_an_expired_lease_frees_idle_blocks_and_refuses_new_reads() -> None:
+    led = PrefillLedger(lease_s=5)
+    led.hold("r", (7,), now_s=0)
+    assert not led.begin_read("r", "t", now_s=6)  # decode must recompute
+    assert led.expire(now_s=6) == [("r", (7,))]
+    assert led.ack("r", "t") == () and led.ignored_acks == 1  # late
+
+
+def test_decode_returns_an_aborted_requests_slots_only_after_every_write_landed() -> None:
+    led = DecodeLedger()
+    led.expect("r", (4, 5), {"w0", "w1"})
+    assert led.landed("r", "w0") == ()
+    assert led.abort("r") == ()  # w1 may still land in slots 4-5
+    assert not led.ready("r")
+    assert led.cancel_acked("r", "w1") == (4, 5)
+    assert led.landed("r", "w1") == () and led.ignored_acks == 1  # late, after release
+    assert led.held_slots() == 0
+
+
+def test_decode_starts_when_every_write_landed_and_frees_when_done() -> None:
+    led = DecodeLedger()
+    led.expect("r", (1,), {"w"})
+    assert not led.ready("r") and led.finish("r") == ()  # not before the write landed
+    led.landed("r", "w")
+    assert led.ready("r")
+    assert led.finish("r") == (1,)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[tuple[str, int]]:
+    events = ["begin", "ack", "ack_last", "expire"]
+    return draw(st.lists(st.tuples(st.sampled_from(events), st.integers(0, 3)), max_size=40))
+
+
+@given(histories())
+def test_prefill_never_frees_a_block_with_a_read_in_flight_and_leaks_none(
+        history: list[tuple[str, int]]) -> None:
+    led = PrefillLedger(lease_s=5)
+    led.hold("r", (1, 2), now_s=0)
+    in_flight: set[str] = set()
+    freed: list[tuple[int, ...]] = []
+    now = 0.0
+    for event, i in history:
+        now += 1
+        tid = f"t{i}"
+        if event == "begin" and led.begin_read("r", tid, now):
+            in_flight.add(tid)
+        elif event in ("ack", "ack_last"):
+            out = led.ack("r", tid, last=event == "ack_last")
+            in_flight.discard(tid)
+            if out:
+                freed.append(out)
+        else:
+            out_e = led.expire(now)
+            if out_e:
+                freed.append(out_e[0][1])
+        if freed:
+            assert not in_flight  # (c)
+    # Drain: every read acknowledged, the lease over: the blocks come back exactly once.
+    for tid in list(in_flight):
+        out = led.ack("r", tid)
+        if out:
+            freed.append(out)
+    freed += [b for _, b in led.expire(now + 10)]
+    assert freed == [(1, 2)] and led.held_blocks() == 0
+
+
+@given(st.lists(st.tuples(st.sampled_from(["land", "abort", "dup"]), st.integers(0, 2)),
+                max_size=20))
+def test_decode_never_frees_slots_with_a_write_pending_and_leaks_none(
+        history: list[tuple[str, int]]) -> None:
+    led = DecodeLedger()
+    writes = {"w0", "w1", "w2"}
+    led.expect("r", (9,), writes)
+    pending = set(writes)
+    freed: list[tuple[int, ...]] = []
+    for event, i in history:
+        out: tuple[int, ...] = ()
+        if event == "abort":
+            out = led.abort("r")
+        else:
+            out = led.landed("r", f"w{i}")
+            pending.discard(f"w{i}")
+        if out:
+            assert not pending  # (b)
+            freed.append(out)
+    out = led.abort("r")
+    if out:
+        freed.append(out)
+    for w in sorted(pending):
+        out = led.landed("r", w)
+        if out:
+            freed.append(out)
+    assert freed == [(9,)] and led.held_slots() == 0
