@@ -322,16 +322,20 @@ def main() -> None:
     p.add_argument("--cpu-binding", default="all")
     p.add_argument("--min-chars", type=int, default=1500,
                    help="sessions whose user messages total at least this many characters")
+    p.add_argument("--max-chars", type=int, default=2000,
+                   help="longest user message kept, in characters")
+    p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-stores", action="store_true")
     p.add_argument("--workdir", default=None)
     args = p.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
     configs = args.configs.split(",")
-    chats = [c for c in sharegpt_chats(4000, args.turns, max_chars=2000, seed=args.seed)
+    chats = [c for c in sharegpt_chats(4000, args.turns, max_chars=args.max_chars,
+                                       seed=args.seed)
              if sum(map(len, c)) >= args.min_chars][: args.sessions]
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
-                      max_model_len=2048, kv_cache_space_gib=args.kv_cache_gib,
+                      max_model_len=args.max_model_len, kv_cache_space_gib=args.kv_cache_gib,
                       enforce_eager=True, cpu_binding=CpuBinding.parse(args.cpu_binding),
                       server_extra_args=("--enable-prompt-tokens-details",))
     made_by = provenance()
