@@ -325,6 +325,8 @@ def main() -> None:
     p.add_argument("--max-chars", type=int, default=2000,
                    help="longest user message kept, in characters")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--compiled", action="store_true",
+                   help="torch.compile the engines (default: eager, which starts in seconds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-stores", action="store_true")
     p.add_argument("--workdir", default=None)
@@ -336,7 +338,7 @@ def main() -> None:
              if sum(map(len, c)) >= args.min_chars][: args.sessions]
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
                       max_model_len=args.max_model_len, kv_cache_space_gib=args.kv_cache_gib,
-                      enforce_eager=True, cpu_binding=CpuBinding.parse(args.cpu_binding),
+                      enforce_eager=not args.compiled, cpu_binding=CpuBinding.parse(args.cpu_binding),
                       server_extra_args=("--enable-prompt-tokens-details",))
     made_by = provenance()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kv-multiturn-"))
@@ -361,7 +363,8 @@ def main() -> None:
             results.append(r)
     payload = {**made_by, "cpu_binding": base.cpu_binding.name,
                "config": {k: v for k, v in vars(args).items()},
-               "engine": {"model": base.model, "dtype": base.dtype, "enforce_eager": True,
+               "engine": {"model": base.model, "dtype": base.dtype,
+                          "enforce_eager": base.enforce_eager,
                           "kv_cache_gib": args.kv_cache_gib, "max_num_seqs": base.max_num_seqs,
                           "block_tokens": BLOCK_TOKENS},
                "results": results, "greedy_identity": identity(results)}
