@@ -17,11 +17,11 @@ PROMPT = ("Tell me a long story about a lighthouse keeper who finds a strange ma
 
 
 def _engine(model_dir: str, store: Path, memory_gib: float = 0.0,
-            policy: str = "flat") -> object:
+            policy: str = "flat", **extra: object) -> object:
     from loadwise.vllm.local import LocalEngine
 
     spec = EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=4,
-                      kv_cache_space_gib=1,
+                      kv_cache_space_gib=1, extra=dict(extra),
                       kv_store=KvStoreConfig(str(store), 1.0, memory_gib, policy),
                       cpu_binding=CpuBinding.parse(CPU_BINDING))
     return LocalEngine(spec)
@@ -127,3 +127,29 @@ def test_a_failing_plan_recomputes_the_promised_blocks_instead_of_using_them_unf
     worker = read_stats(store)["worker"]
     assert worker["load_error_reasons"].get("not planned", 0) >= 2
     assert worker["blocks_loaded"] == 0
+
+
+def test_a_store_written_at_another_block_size_is_a_miss_never_wrong_kv(
+        model_dir: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    first = _engine(model_dir, store)
+    prompt = first.chat_prompt(PROMPT)  # type: ignore[attr-defined]
+    try:
+        reference, _ = _generate(first, prompt)
+    finally:
+        first.shutdown()  # type: ignore[attr-defined]
+    written = len(list((store / "blocks").rglob("*.blk")))
+    assert written >= 2
+    # Another KV layout on the same store: none of its blocks can match this engine's.
+    other = _engine(model_dir, store, block_size=64)
+    try:
+        tokens, cached = _generate(other, prompt)
+    finally:
+        other.shutdown()  # type: ignore[attr-defined]
+    assert tokens == reference and cached == 0
+    scheduler, worker = read_stats(store)["scheduler"], read_stats(store)["worker"]
+    assert scheduler["hit_blocks"] == 0 and worker["load_errors"] == 0
+    # Both engines' blocks now sit side by side, told apart by their fingerprints.
+    from loadwise.kv.store_status import store_status
+
+    assert len(store_status(store).by_fingerprint) == 2
