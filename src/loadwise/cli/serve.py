@@ -19,8 +19,7 @@ from loadwise.cli.common import (
     engine_spec,
     err,
 )
-
-KV_SSD_GIB_DEFAULT = 16.0
+from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
 
 
 def add_parser(sub: Any) -> None:

@@ -164,6 +164,9 @@ class ConnectorPlanner:
             self._plan_saves(t, computed, plan)
         for t, _ in live:
             t.pending_loads = []
+        # A block evicted and placed in memory again within the step stays.
+        plan.drops = [k for k in plan.drops if k not in self.tiers.memory]
+        plan.demotes = [k for k in plan.demotes if k not in self.tiers.memory]
         return plan
 
     def plan_request(self, req_id: str, block_ids: Sequence[int] | None, replace: bool,

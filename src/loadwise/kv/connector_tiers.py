@@ -104,7 +104,7 @@ class Tiers:
             home = Medium.SSD  # no memory tier configured: the files hold every block
         if home is not Medium.MEMORY:
             return Placed(home)
-        return self._into_memory(key, Medium.MEMORY)
+        return self._into_memory(key)
 
     def loaded(self, key: str, medium: Medium) -> Placed:
         """A block was loaded from ``medium``: refresh it, or promote it (``tiered``)."""
@@ -112,11 +112,11 @@ class Tiers:
             self.memory.touch(key)
             return Placed(None)
         if self.policy.promote_on_hit() and self.memory.capacity > 0:
-            return self._into_memory(key, Medium.MEMORY)
+            return self._into_memory(key)
         return Placed(None)
 
-    def _into_memory(self, key: str, medium: Medium) -> Placed:
+    def _into_memory(self, key: str) -> Placed:
         evicted = tuple(k for k in self.memory.add(key) if k != key)
         if self.policy.offload_on_evict():
-            return Placed(medium, demoted=evicted)
-        return Placed(medium, dropped=evicted)
+            return Placed(Medium.MEMORY, demoted=evicted)
+        return Placed(Medium.MEMORY, dropped=evicted)

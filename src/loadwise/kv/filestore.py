@@ -36,6 +36,14 @@ class StoreCounters:
     write_errors: int = 0
 
 
+def prepare_dir(root: Path) -> None:
+    """Create a store directory and prove it writable (OSError when it is not)."""
+    (root / "blocks").mkdir(parents=True, exist_ok=True)
+    probe = root / ".write-probe"
+    probe.write_bytes(b"x")
+    probe.unlink()
+
+
 class FileBlockStore:
     def __init__(self, root: str | Path, capacity_bytes: int, fsync: bool = True,
                  queue_bytes: int = 256 << 20) -> None:
@@ -48,10 +56,7 @@ class FileBlockStore:
         self.queue_bytes = queue_bytes
         self.counters = StoreCounters()
         try:
-            self.blocks.mkdir(parents=True, exist_ok=True)
-            probe = self.root / ".write-probe"
-            probe.write_bytes(b"x")
-            probe.unlink()
+            prepare_dir(self.root)
         except OSError as exc:
             raise StoreError(f"cannot use {self.root} as a KV store: {exc.strerror}") from exc
         # Every stored block, least recently used first (this process's view: the writer's).

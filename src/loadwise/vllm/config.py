@@ -71,6 +71,7 @@ def on_cpu() -> bool:
 
 
 KV_SHUTDOWN_TIMEOUT_S = 15
+KV_SSD_GIB_DEFAULT = 16.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,7 @@ class KvStoreConfig:
     """loadwise's KV store behind vLLM's connector interface (``loadwise.vllm.connector``)."""
 
     store_dir: str
-    capacity_gib: float = 16.0  # the files
+    capacity_gib: float = KV_SSD_GIB_DEFAULT  # the files
     memory_gib: float = 0.0  # the worker's memory tier (0: none, every block to the files)
     policy: str = "flat"  # placement between the two (loadwise.kv.placement)
 
@@ -95,12 +96,10 @@ class KvStoreConfig:
 
     def check_usable(self) -> None:
         """Create the store directory and prove it writable, before an engine starts on it."""
-        root = Path(self.store_dir)
-        probe = root / ".write-probe"
+        from loadwise.kv.filestore import prepare_dir
+
         try:
-            (root / "blocks").mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"x")
-            probe.unlink()
+            prepare_dir(Path(self.store_dir))
         except OSError as exc:
             raise EngineConfigError(
                 f"--kv-store {self.store_dir}: not a writable directory ({exc.strerror})") from exc

@@ -45,13 +45,13 @@ from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_de
 from loadwise.kv.filestore import FileBlockStore
 from loadwise.kv.placement import create_policy_for_blocks
 from loadwise.vllm import compat
+from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
 from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = logging.getLogger("loadwise.kv")
-DEFAULT_CAPACITY_GIB = 16.0
 REPORT_EVERY_S = 1.0
 
 
@@ -84,7 +84,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         if "store_dir" not in extra:
             raise ValueError("FlatKVConnector needs kv_connector_extra_config.store_dir")
-        capacity = int(float(extra.get("capacity_gib", DEFAULT_CAPACITY_GIB)) * (1 << 30))
+        capacity = int(float(extra.get("capacity_gib", KV_SSD_GIB_DEFAULT)) * (1 << 30))
         memory_bytes = int(float(extra.get("memory_gib", 0.0)) * (1 << 30))
         self.block_size = vllm_config.cache_config.block_size
         self.fp = engine_fingerprint(vllm_config, kv_cache_config)
@@ -176,10 +176,6 @@ class FlatKVConnector(KVConnectorBase_V1):
             plan.loads += [BlockRef(bid, "", b"") for bid in self._unplanned.pop(rid)]
         meta.loads, meta.saves = plan.loads, plan.saves
         meta.drops, meta.demotes = plan.drops, plan.demotes
-        # A block evicted and placed in memory again within the step stays.
-        memory = self.planner.tiers.memory
-        meta.drops = [k for k in meta.drops if k not in memory]
-        meta.demotes = [k for k in meta.demotes if k not in memory]
         self.counters.saves_planned += len(meta.saves)
         self.counters.plan_s += time.perf_counter() - t0
         self._stats.maybe_write(self.counters, self._fingerprint_json)
