@@ -157,6 +157,25 @@ def test_store_writes_on_its_thread_reads_back_and_evicts_least_recently_used(
     s2.close()
 
 
+def test_a_temporary_of_another_live_writer_is_kept_a_dead_ones_removed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    s = FileBlockStore(tmp_path, capacity_bytes=3000)
+    sub = s.path("k00").parent
+    sub.mkdir(parents=True)
+    live_tmp = sub / f"k00.{os.getppid()}.tmp"  # our parent: alive, not us
+    dead_tmp = sub / f"k01.{int(dead.stdout)}.tmp"
+    own_tmp = sub / f"k02.{os.getpid()}.tmp"  # ours from before: nothing writes it now
+    for f in (live_tmp, dead_tmp, own_tmp):
+        f.write_bytes(b"half")
+    s.open_for_writing()
+    s.close()
+    assert live_tmp.exists() and not dead_tmp.exists() and not own_tmp.exists()
+
+
 def test_a_full_queue_drops_saves_instead_of_waiting(tmp_path: Path) -> None:
     s = FileBlockStore(tmp_path, capacity_bytes=1 << 20, queue_bytes=1500)
     # Not opened for writing: nothing drains the queue.

@@ -85,7 +85,8 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
     assert int(args[args.index("--shutdown-timeout") + 1]) > 0
     assert cfg["kv_connector_extra_config"] == {"store_dir": str((tmp_path / "store").resolve()),
                                                 "capacity_gib": 2.0, "memory_gib": 0.0,
-                                                "policy": "flat"}
+                                                "policy": "flat", "sync_saves": False,
+                                                "engine": ""}
     (tmp_path / "file").write_text("x")
     with pytest.raises(EngineConfigError, match="not a writable directory"):
         KvStoreConfig(str(tmp_path / "file" / "store")).check_usable()
@@ -130,3 +131,19 @@ def test_a_fractional_kv_cache_goes_through_vllms_flag(model_dir: str,
 def test_store_options_without_a_store_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--kv-memory-gib", "1"]) == 2
     assert "need --kv-store DIR" in capsys.readouterr().err
+
+
+def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_path(
+        model_dir: str, tmp_path: Path) -> None:
+    from loadwise.disagg.serve import DisaggError, DisaggSpecs, split_cores
+
+    kv = KvStoreConfig(str(tmp_path / "store"), 2.0)
+    specs = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None), kv, (0, 1))
+    assert specs.prefill.cpu_binding.cores == (0,) and specs.decode.cpu_binding.cores == (1,)
+    assert specs.prefill.kv_store is not None and specs.decode.kv_store is not None
+    assert specs.prefill.kv_store.sync_saves and not specs.decode.kv_store.sync_saves
+    assert (specs.prefill.kv_store.engine, specs.decode.kv_store.engine) == ("prefill", "decode")
+    assert specs.prefill.kv_store.store_dir == specs.decode.kv_store.store_dir
+    assert [b.cores for b in split_cores((0, 1, 2, 3, 4))] == [(0, 1), (2, 3, 4)]
+    with pytest.raises(DisaggError, match="two cores"):
+        split_cores((3,))

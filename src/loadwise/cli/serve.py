@@ -53,6 +53,11 @@ def add_parser(sub: Any) -> None:
                        help="placement between memory and files: flat (decided when a block is "
                        "created; never moves) or tiered (memory first, evicted to the files, "
                        "promoted on a hit); default flat")
+    serve.add_argument("--disagg", action="store_true",
+                       help="disaggregated prefill/decode: a prefill engine and a decode engine, "
+                       "each on half the cores (--cpu-binding's, else all), hand KV over through "
+                       "the --kv-store (default: a temporary store in /dev/shm), behind one "
+                       "OpenAI API at --port")
     serve.add_argument("--start-timeout", type=float, default=900.0,
                        help="seconds to wait for the server to become healthy (default 900)")
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
@@ -70,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                               or args.kv_ssd_gib != KV_SSD_GIB_DEFAULT):
         raise UsageError("--kv-ssd-gib, --kv-memory-gib and --kv-policy need --kv-store DIR")
     extra_env: dict[str, str] = {}
+    if args.disagg and args.adaptive:
+        raise UsageError("--disagg does not take --adaptive yet")
     if args.adaptive:
         from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
 
@@ -92,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     spec = engine_spec(args, args.table, binding=binding)
     if getattr(args, "vllm_args", None):
         spec = replace(spec, server_extra_args=tuple(args.vllm_args))
+    if args.disagg:
+        return _run_disagg(args, spec)
     if args.kv_store:
         from loadwise.vllm.config import KvStoreConfig
 
@@ -130,3 +139,52 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
+
+
+TMP_STORE_GIB = 2.0  # the default --disagg store lives in memory (/dev/shm)
+
+
+def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
+    import shutil
+    import tempfile
+
+    from loadwise.disagg.serve import DisaggServer, DisaggSpecs
+    from loadwise.vllm.config import KvStoreConfig
+
+    tmp_store = None
+    if args.kv_store:
+        store_dir, gib = args.kv_store, args.kv_ssd_gib
+    else:
+        shm = Path("/dev/shm")
+        tmp_store = tempfile.mkdtemp(prefix="loadwise-disagg-", dir=shm if shm.is_dir() else None)
+        store_dir = tmp_store
+        gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
+    kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy)
+    kv.check_usable()
+    specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
+    server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose)
+    console.print(f"starting prefill (CPU binding {specs.prefill.cpu_binding.name}) and decode "
+                  f"(CPU binding {specs.decode.cpu_binding.name}) engines on {spec.model}, KV "
+                  f"handed over through {Path(store_dir).resolve()} ({gib:g} GiB) …")
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        server.start_engines(args.start_timeout)
+        dead = server.run(lambda: console.print(
+            f"[green]ready[/] {server.url}  (OpenAI API at {server.url}/v1; prefill "
+            f"{server.engines['prefill'].url}, decode {server.engines['decode'].url}) "
+            "— Ctrl-C to stop"))
+        if dead is None:
+            console.print("stopping both engines …")
+            return 0
+        engine = server.engines[dead]
+        err.print(f"the {dead} engine exited (code {engine.proc.returncode if engine.proc else '?'}); "
+                  f"stopping the other:\n{engine.log_tail()}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping both engines …")
+        return 0
+    finally:
+        server.stop()
+        if tmp_store:
+            shutil.rmtree(tmp_store, ignore_errors=True)

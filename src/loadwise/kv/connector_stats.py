@@ -26,6 +26,10 @@ class ConnectorCounters:
     hit_blocks: int = 0
     hit_tokens: int = 0
     saves_planned: int = 0
+    # disaggregated decode: full prompt blocks the prefill engine said it stored, and those of
+    # them this engine did not find (recomputed)
+    handoff_blocks: int = 0
+    handoff_blocks_missing: int = 0
     lookup_s: float = 0.0
     plan_s: float = 0.0
     # worker side
@@ -52,6 +56,8 @@ class ConnectorCounters:
 PROM_COUNTERS: dict[str, str] = {
     "lookup_blocks": "KV blocks looked up in loadwise's store beyond vLLM's own prefix hit",
     "hit_blocks": "KV blocks found in loadwise's store",
+    "handoff_blocks": "KV blocks a prefill engine handed over for this (decode) engine",
+    "handoff_blocks_missing": "handed-over KV blocks not found in loadwise's store (recomputed)",
     "blocks_loaded": "KV blocks copied from loadwise's store into vLLM's cache",
     "bytes_loaded": "bytes of KV loaded from loadwise's store",
     "load_errors": "stored KV blocks refused (checks, reads): vLLM recomputed them",
@@ -104,13 +110,19 @@ class StatsFile:
             tmp.unlink(missing_ok=True)  # counters are best effort; the store is not
 
 
+def stats_side(side: str, engine: str = "") -> str:
+    """The name a side's counters are kept under: ``worker``, or ``decode-worker`` for a named
+    engine (two engines on one store, as in disaggregated serving)."""
+    return f"{engine}-{side}" if engine else side
+
+
 def read_stats(store_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """The counters each side last wrote ({} for a side that wrote none)."""
-    out: dict[str, dict[str, Any]] = {}
-    for side in ("scheduler", "worker"):
-        p = Path(store_dir) / f"stats-{side}.json"
+    """The counters each side of each engine last wrote, by :func:`stats_side` name; the
+    unnamed engine's ``scheduler`` and ``worker`` are always there ({} when never written)."""
+    out: dict[str, dict[str, Any]] = {"scheduler": {}, "worker": {}}
+    for p in sorted(Path(store_dir).glob("stats-*.json")):
         try:
-            out[side] = json.loads(p.read_text())
+            out[p.stem.removeprefix("stats-")] = json.loads(p.read_text())
         except (OSError, ValueError):
-            out[side] = {}
+            continue
     return out

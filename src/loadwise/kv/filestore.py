@@ -44,6 +44,21 @@ def prepare_dir(root: Path) -> None:
     probe.unlink()
 
 
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that is writing temporary ``KEY.PID.tmp`` still runs (another
+    engine on the same store): its write is in progress, not a crash's leftover."""
+    parts = tmp.name.split(".")
+    if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) == os.getpid():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class FileBlockStore:
     def __init__(self, root: str | Path, capacity_bytes: int, fsync: bool = True,
                  queue_bytes: int = 256 << 20) -> None:
@@ -104,7 +119,8 @@ class FileBlockStore:
                 continue
             for f in sub.iterdir():
                 if f.suffix != SUFFIX:
-                    f.unlink(missing_ok=True)  # a temporary a crash left behind
+                    if not _writer_alive(f):
+                        f.unlink(missing_ok=True)  # a temporary a crash left behind
                     continue
                 st = f.stat()
                 found.append((st.st_mtime, f.stem, st.st_size))
@@ -160,7 +176,8 @@ class FileBlockStore:
 
     def _write(self, key: str, blob: bytes) -> None:
         path = self.path(key)
-        tmp = path.with_suffix(".tmp")
+        # Named by the writing process: two engines on one store may write the same block.
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:

@@ -82,6 +82,10 @@ class KvStoreConfig:
     capacity_gib: float = KV_SSD_GIB_DEFAULT  # the files
     memory_gib: float = 0.0  # the worker's memory tier (0: none, every block to the files)
     policy: str = "flat"  # placement between the two (loadwise.kv.placement)
+    # Write saves before the step ends instead of on the writer thread: a disaggregated
+    # prefill engine's answer then implies its blocks are in the store.
+    sync_saves: bool = False
+    engine: str = ""  # names this engine's counters in the store (two engines on one store)
 
     def __post_init__(self) -> None:
         from loadwise.kv.placement import POLICIES
@@ -113,7 +117,9 @@ class KvStoreConfig:
                 "kv_connector_extra_config": {"store_dir": str(Path(self.store_dir).resolve()),
                                               "capacity_gib": self.capacity_gib,
                                               "memory_gib": self.memory_gib,
-                                              "policy": self.policy}}
+                                              "policy": self.policy,
+                                              "sync_saves": self.sync_saves,
+                                              "engine": self.engine}}
 
 
 @dataclass(frozen=True, slots=True)

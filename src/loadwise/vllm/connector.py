@@ -14,6 +14,13 @@ buffers before the layers run (synchronously, in ``start_load_kv``), and after t
 copies each newly full block, all layers in one blob, into its memory tier or a staging buffer
 the writer thread writes from, so vLLM may reuse the block as soon as the step ends.
 
+Disaggregated prefill/decode (``loadwise serve --disagg``): both engines run this connector on
+one store. A request sent with ``kv_transfer_params: {"do_remote_decode": true}`` is a prefill;
+when it finishes, the params returned name its prompt tokens and how many full blocks the store
+holds for them. The prefill engine writes its saves on the step path (``sync_saves``), so they
+are in the store before its answer leaves; the decode engine loads them like any stored prefix,
+after the same header checks, and counts blocks it was handed but did not find.
+
 Never takes the engine down: a block that fails its header check, its checksum or its read is
 reported through ``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails
 is dropped and logged once. Tested on real engines in tests/integration/test_kv_connector.py
@@ -41,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from loadwise.kv import blockfile
 from loadwise.kv.connector_plan import BlockRef, ConnectorPlanner, StepPlan
-from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_delta
+from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_delta, stats_side
 from loadwise.kv.filestore import FileBlockStore
 from loadwise.kv.placement import create_policy_for_blocks
 from loadwise.vllm import compat
@@ -53,6 +60,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("loadwise.kv")
 REPORT_EVERY_S = 1.0
+HANDOFF_BLOCKS = "loadwise_blocks"  # kv_transfer_params: full prompt blocks a prefill stored
+
+
+def _transfer_params(request: Any) -> dict[str, Any]:
+    params = getattr(request, "kv_transfer_params", None)
+    return params if isinstance(params, dict) else {}
 
 
 @dataclass
@@ -89,6 +102,9 @@ class FlatKVConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.fp = engine_fingerprint(vllm_config, kv_cache_config)
         self.store = FileBlockStore(extra["store_dir"], capacity)
+        # True: saves are written before the step ends (a prefill engine's answer then
+        # implies its blocks are stored); False: by the writer thread, off the step path.
+        self.sync_saves = bool(extra.get("sync_saves", False))
         group = kv_cache_config.kv_cache_groups[0]
         block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
         self.planner = ConnectorPlanner(self.block_size, self.store.contains, self.key_of,
@@ -109,7 +125,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._reported_at = -math.inf
         self.counters = ConnectorCounters()
         side = "worker" if role == KVConnectorRole.WORKER else "scheduler"
-        self._stats = StatsFile(extra["store_dir"], side)
+        self._stats = StatsFile(extra["store_dir"], stats_side(side, str(extra.get("engine", ""))))
         if role == KVConnectorRole.WORKER:
             self.store.open_for_writing()
 
@@ -132,6 +148,11 @@ class FlatKVConnector(KVConnectorBase_V1):
                                - num_computed_tokens // self.block_size)
         c.hit_blocks += n // self.block_size
         c.hit_tokens += n
+        handed = _transfer_params(request).get(HANDOFF_BLOCKS)
+        if isinstance(handed, int):  # a decode after a remote prefill (counted per lookup)
+            usable = min(handed, (request.num_tokens - 1) // self.block_size)
+            c.handoff_blocks += usable
+            c.handoff_blocks_missing += max(0, usable - (num_computed_tokens + n) // self.block_size)
         c.lookup_s += time.perf_counter() - t0
         # False: the load is synchronous, so vLLM calls start_load_kv before the forward of
         # the step that needs the blocks (an asynchronous one is started after it).
@@ -141,8 +162,7 @@ class FlatKVConnector(KVConnectorBase_V1):
                                  num_external_tokens: int) -> None:
         block_ids = compat.allocated_block_ids(blocks)
         try:
-            params = getattr(request, "kv_transfer_params", None) or {}
-            session_id = params.get("session_id") if isinstance(params, dict) else None
+            session_id = _transfer_params(request).get("session_id")
             self.planner.allocated(request.request_id, compat.request_block_hashes(request),
                                    block_ids, request.num_computed_tokens, num_external_tokens,
                                    None if session_id is None else str(session_id))
@@ -186,11 +206,17 @@ class FlatKVConnector(KVConnectorBase_V1):
             self._logged_failure = True
             logger.exception("loadwise: %s", what)
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
         # Saves are staged inside the step that computed the block: nothing is left to read
         # from vLLM's blocks once a request finishes.
         self.planner.finished(request.request_id)
-        return False, None
+        if not _transfer_params(request).get("do_remote_decode"):
+            return False, None
+        # A prefill for another engine: what it needs to decode on this prompt's stored blocks.
+        prompt = list(request.prompt_token_ids or [])
+        return False, {"prompt_token_ids": prompt, HANDOFF_BLOCKS: len(prompt) // self.block_size,
+                       "block_size": self.block_size}
 
     # ==== worker side =========================================================================
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -320,6 +346,8 @@ class FlatKVConnector(KVConnectorBase_V1):
             blob = blockfile.encode(self.fp, ref.block_hash, payload.numpy().tobytes())
             if ref.medium == "memory":
                 self.memory[ref.key] = blob
+            elif self.sync_saves:
+                self.store.write_now(ref.key, blob)
             else:
                 self.store.submit(ref.key, blob)
             self.counters.blocks_staged += 1

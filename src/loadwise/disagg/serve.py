@@ -1,0 +1,141 @@
+"""``loadwise serve --disagg``: a prefill engine and a decode engine, each on its own cores, on
+one loadwise KV store, behind :class:`~loadwise.disagg.proxy.DisaggProxy`.
+
+The handoff is the store: the prefill engine writes its prompt's blocks before it answers
+(``sync_saves``), the decode engine loads them after their header checks. vLLM frees the
+prefill's blocks once its step ends (the saves have copied them) and the decode's loads finish
+before its forward, so no transfer is in flight when either engine frees a block. The decode
+engine saves the blocks it completes (the answer) in the same store, where the next turn's
+prefill finds them.
+
+Lifecycle: both engines start together; the proxy starts once both are healthy. Ctrl-C or
+SIGTERM stops all three; an engine that exits is reported with its last log lines and the
+other is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import requests
+from aiohttp import web
+
+from loadwise.disagg.proxy import DisaggProxy, limits_from
+from loadwise.errors import LoadwiseError
+from loadwise.kv.disagg_ledger import EngineLimits
+from loadwise.vllm.binding import CpuBinding, allowed_cpus
+from loadwise.vllm.config import EngineSpec, KvStoreConfig
+from loadwise.vllm.server import ServerProcess
+
+
+class DisaggError(LoadwiseError, RuntimeError):
+    pass
+
+
+def split_cores(cores: tuple[int, ...] | None = None) -> tuple[CpuBinding, CpuBinding]:
+    """Prefill gets the first half of the cores, decode the rest (one each on two cores)."""
+    cpus = tuple(cores) if cores is not None else allowed_cpus()
+    if len(cpus) < 2:
+        raise DisaggError(f"--disagg needs two cores, one per engine; this process may use "
+                          f"{len(cpus)}")
+    half = len(cpus) // 2
+    return CpuBinding(cpus[:half]), CpuBinding(cpus[half:])
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggSpecs:
+    prefill: EngineSpec
+    decode: EngineSpec
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec, store: KvStoreConfig,
+                  cores: tuple[int, ...] | None = None) -> DisaggSpecs:
+        """Two engines of ``spec`` on one store; the prefill writes on the step path."""
+        p_bind, d_bind = split_cores(cores)
+        return cls(replace(spec, cpu_binding=p_bind,
+                           kv_store=replace(store, sync_saves=True, engine="prefill")),
+                   replace(spec, cpu_binding=d_bind,
+                           kv_store=replace(store, sync_saves=False, engine="decode")))
+
+
+def engine_limits(url: str, timeout_s: float = 30.0) -> EngineLimits:
+    models = requests.get(f"{url}/v1/models", timeout=timeout_s)
+    metrics = requests.get(f"{url}/metrics", timeout=timeout_s)
+    models.raise_for_status()
+    metrics.raise_for_status()
+    return limits_from(models.json(), metrics.text)
+
+
+class DisaggServer:
+    """The two engine servers and the proxy; ``run`` serves until stopped or an engine dies."""
+
+    def __init__(self, specs: DisaggSpecs, host: str = "127.0.0.1", port: int = 8000,
+                 echo: bool = False, log_dir: Path | None = None) -> None:
+        self.host, self.port = host, port
+        logs = (log_dir / "prefill.log", log_dir / "decode.log") if log_dir else (None, None)
+        self.engines = {
+            "prefill": ServerProcess(specs.prefill, echo=echo, log_path=logs[0]),
+            "decode": ServerProcess(specs.decode, echo=echo, log_path=logs[1]),
+        }
+        self.proxy: DisaggProxy | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start_engines(self, timeout_s: float) -> None:
+        for server in self.engines.values():
+            server.launch()
+        try:
+            for server in self.engines.values():
+                server.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        p, d = self.engines["prefill"], self.engines["decode"]
+        self.proxy = DisaggProxy(p.url, d.url, engine_limits(p.url), engine_limits(d.url))
+
+    def dead_engine(self) -> str | None:
+        for name, server in self.engines.items():
+            if server.proc is None or server.proc.poll() is not None:
+                return name
+        return None
+
+    async def serve(self, on_ready: object = None) -> str:
+        """Serve until an engine exits (returns its name) or the task is cancelled."""
+        assert self.proxy is not None, "start_engines first"
+        runner = web.AppRunner(self.proxy.app(), handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+            if callable(on_ready):
+                on_ready()
+            while (dead := self.dead_engine()) is None:
+                await asyncio.sleep(0.5)
+            return dead
+        finally:
+            await runner.cleanup()
+
+    def run(self, on_ready: object = None) -> str | None:
+        """Serve in this thread; None when stopped by Ctrl-C/SIGTERM, else the dead engine."""
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(self.serve(on_ready))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            return None
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        stops = [threading.Thread(target=s.stop) for s in self.engines.values()]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join()

