@@ -179,6 +179,37 @@ def sharegpt_chats(num_chats: int, min_turns: int, max_chars: int = MAX_PROMPT_C
     return chats[:num_chats]
 
 
+def sharegpt_histories(num_chats: int, min_chars: int, max_chars: int,
+                       seed: int = 0) -> list[list[dict[str, str]]]:
+    """Chat requests as a later turn sends them: a ShareGPT conversation's turns (both sides,
+    as ``user``/``assistant`` messages) from its start, as many whole turns as fit in
+    ``max_chars``, ending on a user turn, at least ``min_chars`` long; ASCII; seeded order."""
+    out: list[list[dict[str, str]]] = []
+    for conv in _sharegpt_conversations():
+        turns = conv.get("conversations")
+        if not isinstance(turns, list):
+            continue
+        msgs: list[dict[str, str]] = []
+        size = 0
+        for t in turns:
+            role = {"human": "user", "gpt": "assistant"}.get(
+                str(t.get("from")) if isinstance(t, dict) else "")
+            text = str(t.get("value", "")).strip() if isinstance(t, dict) else ""
+            if role is None or not text or not text.isascii() or size + len(text) > max_chars:
+                break
+            msgs.append({"role": role, "content": text})
+            size += len(text)
+        while msgs and msgs[-1]["role"] != "user":
+            size -= len(msgs.pop()["content"])
+        if msgs and msgs[0]["role"] == "user" and size >= min_chars:
+            out.append(msgs)
+    random.Random(seed).shuffle(out)
+    if len(out) < num_chats:
+        raise WorkloadError(f"ShareGPT has {len(out)} conversations of {min_chars}..{max_chars} "
+                            f"characters; {num_chats} asked for")
+    return out[:num_chats]
+
+
 def builtin(name: str, size: int = 200) -> Workload:
     name = ALIASES.get(name, name)
     if name not in BUILTIN:
