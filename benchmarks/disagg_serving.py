@@ -6,7 +6,7 @@ through loadwise's store in /dev/shm).
 Both servers are started once by the project's own command and stay up together (an idle vLLM
 server uses no CPU); windows interleave: per round, every rate from low to high, and at each
 rate the configurations in turn (reversed in odd rounds), each on the same seeded arrivals and
-prompts. Per request: TTFT (first streamed token), every inter-token gap (ITL), tokens; per
+prompts, none of which an earlier window sent (a repeat would be served by the caches). Per request: TTFT (first streamed token), every inter-token gap (ITL), tokens; per
 window: output tokens per second (tokens / (last answer - first send)), and the CPU seconds of
 each server's processes over the window. Greedy answers of the two configurations are compared
 token for token. Without speculation, fixed answer length (min_tokens = max_tokens).
@@ -205,7 +205,8 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=60.0, help="seconds of arrivals per window")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--prompts", type=int, default=200, help="ShareGPT prompts to cycle through")
+    p.add_argument("--prompts", type=int, default=200,
+                   help="ShareGPT prompts (at least as many as the windows send)")
     p.add_argument("--workload", default="first", choices=("first", "history"))
     p.add_argument("--kv-cache-gib", type=float, default=2)
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -216,6 +217,9 @@ def main() -> None:
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
+    # Enough distinct prompts for every window (Poisson arrivals: room for twice the mean).
+    args.prompts = max(args.prompts, args.rounds * sum(math.ceil(r * args.window_s * 2)
+                                                       for r in rates))
     if args.workload == "first":
         prompts = [[{"role": "user", "content": c[0]}]
                    for c in sharegpt_chats(args.prompts, 1, max_chars=4000, seed=args.seed)]
@@ -235,8 +239,12 @@ def main() -> None:
                     proc, url = servers[config]
                     pids = session_pids(proc)
                     c0, w0 = cpu_s(pids), time.perf_counter()
-                    recs = window(url, model, prompts, rate, args.window_s, args.max_tokens,
-                                  args.seed + rnd * 1000 + int(rate * 100))
+                    # Each (round, rate) sends prompts no earlier window sent (each server's
+                    # caches would serve repeats); both configurations get the same ones.
+                    offset = sum(math.ceil(r * args.window_s * 2) for r in rates) * rnd + sum(
+                        math.ceil(r * args.window_s * 2) for r in rates if r < rate)
+                    recs = window(url, model, prompts[offset:], rate, args.window_s,
+                                  args.max_tokens, args.seed + rnd * 1000 + int(rate * 100))
                     wall, cpu = time.perf_counter() - w0, cpu_s(pids) - c0
                     summary = summarize(recs, wall, cpu)
                     print(json.dumps({"round": rnd, "rate": rate, "config": config, **summary}),

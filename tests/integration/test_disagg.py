@@ -125,3 +125,43 @@ def test_refused_and_abandoned_requests_leave_both_engines_empty(engine, tmp_pat
         assert _gauge(engines["decode"], "vllm:generation_tokens_total") < 1000
     finally:
         _stop(proc)
+
+
+def test_a_killed_engine_is_restarted_and_its_requests_meanwhile_get_errors(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+
+    proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none",
+                                "--restart-dead-engines")
+    try:
+        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8,
+                "temperature": 0}
+        before = _post(url, "/v1/completions", body).json()["choices"][0]["text"]
+        decode = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]["decode"]
+        port = decode.rsplit(":", 1)[1].encode()
+        pgids = set()
+        for d in Path("/proc").iterdir():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"vllm.entrypoints.openai.api_server" in argv and port in argv:
+                pgids.add(os.getpgid(int(d.name)))
+        assert len(pgids) == 1
+        os.killpg(pgids.pop(), signal.SIGKILL)
+        time.sleep(1.0)
+        r = _post(url, "/v1/completions", body)  # decode is down: a clear error, not a hang
+        assert r.status_code >= 500 and r.json()["error"]["message"]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                break
+            time.sleep(1)
+        after = _post(url, "/v1/completions", body)
+        assert after.status_code == 200, after.text
+    finally:
+        log = _stop(proc)
+    assert after.json()["choices"][0]["text"] == before
+    assert "the decode engine exited" in log and "serving again" in log

@@ -4,6 +4,7 @@ with the live plugin (--adaptive); Ctrl-C stops every engine process."""
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import time
 from dataclasses import replace
@@ -58,6 +59,9 @@ def add_parser(sub: Any) -> None:
                        "each on half the cores (--cpu-binding's, else all), hand KV over through "
                        "the --kv-store (default: a temporary store in /dev/shm), behind one "
                        "OpenAI API at --port")
+    serve.add_argument("--restart-dead-engines", action="store_true",
+                       help="--disagg: start an engine that exits again on its port instead "
+                       "of stopping (its requests get errors meanwhile)")
     serve.add_argument("--start-timeout", type=float, default=900.0,
                        help="seconds to wait for the server to become healthy (default 900)")
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     extra_env: dict[str, str] = {}
     if args.disagg and args.adaptive:
         raise UsageError("--disagg does not take --adaptive yet")
+    if args.restart_dead_engines and not args.disagg:
+        raise UsageError("--restart-dead-engines needs --disagg")
     if args.adaptive:
         from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
 
@@ -151,6 +157,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
     from loadwise.disagg.serve import DisaggServer, DisaggSpecs
     from loadwise.vllm.config import KvStoreConfig
 
+    # The proxy's warnings (an engine's errors) reach the operator on stderr.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     tmp_store = None
     if args.kv_store:
         store_dir, gib = args.kv_store, args.kv_ssd_gib
@@ -162,7 +170,9 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
     kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy)
     kv.check_usable()
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
-    server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose)
+    server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,
+                          restart_dead=args.restart_dead_engines,
+                          start_timeout_s=args.start_timeout)
     console.print(f"starting prefill (CPU binding {specs.prefill.cpu_binding.name}) and decode "
                   f"(CPU binding {specs.decode.cpu_binding.name}) engines on {spec.model}, KV "
                   f"handed over through {Path(store_dir).resolve()} ({gib:g} GiB) …")

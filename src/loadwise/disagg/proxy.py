@@ -26,6 +26,7 @@ from loadwise.kv.disagg_ledger import EngineLimits, Rejected, admit
 from loadwise.measure.prom import parse_samples
 
 logger = logging.getLogger("loadwise.disagg")
+KEEPALIVE_S = 2.0
 ENDPOINTS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
 
@@ -105,7 +106,11 @@ class DisaggProxy:
         return app
 
     async def _open(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(timeout=self.timeout)
+        # Idle connections are closed before vLLM's server closes them (uvicorn: after 5 s);
+        # otherwise a request can go out on a connection the engine is closing, and fail.
+        # No connection limit: the engines queue requests, as without the proxy.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
 
     async def _close(self, app: web.Application) -> None:
         if self._session is not None:
@@ -224,12 +229,17 @@ class DisaggProxy:
             upstream = await self.session.post(f"{self.decode_url}{request.path}", json=body)
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.counters.decode_errors += 1
+            logger.warning("loadwise: decode engine unreachable: %r", exc)
             return web.json_response(error_body(f"the decode engine failed: {exc!r}", 502,
                                                 "BadGatewayError"), status=502)
         async with upstream:
             if upstream.status != 200:
                 self.counters.decode_errors += 1
-                return web.Response(body=await upstream.read(), status=upstream.status,
+                raw = await upstream.read()
+                if upstream.status >= 500:
+                    logger.warning("loadwise: decode engine answered HTTP %d: %s",
+                                   upstream.status, raw[:300].decode(errors="replace"))
+                return web.Response(body=raw, status=upstream.status,
                                     content_type="application/json")
             out = web.StreamResponse(status=200, headers={
                 "Content-Type": upstream.headers.get("Content-Type", "application/json")})
@@ -241,8 +251,9 @@ class DisaggProxy:
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 self.counters.client_gone += 1  # closing upstream makes vLLM abort it
                 return out
-            except (TimeoutError, aiohttp.ClientError):
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 self.counters.decode_errors += 1  # headers are sent: the stream just ends
+                logger.warning("loadwise: decode stream broke off: %r", exc)
                 return out
         self.counters.completed += 1
         return out
@@ -253,6 +264,9 @@ class _EngineError(Exception):
         super().__init__(status)
         self.status = status
         self.body = body
+        if status >= 500:  # the engine's fault, not the client's: the operator hears of it
+            logger.warning("loadwise: prefill engine answered HTTP %d: %s", status,
+                           body[:300].decode(errors="replace"))
 
     def response(self) -> web.Response:
         return web.Response(body=self.body, status=self.status, content_type="application/json")

@@ -10,12 +10,14 @@ prefill finds them.
 
 Lifecycle: both engines start together; the proxy starts once both are healthy. Ctrl-C or
 SIGTERM stops all three; an engine that exits is reported with its last log lines and the
-other is stopped.
+other is stopped, or (``restart_dead``) it is started again while the proxy answers the
+requests that need it with errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 from dataclasses import dataclass, replace
@@ -30,6 +32,8 @@ from loadwise.kv.disagg_ledger import EngineLimits
 from loadwise.vllm.binding import CpuBinding, allowed_cpus
 from loadwise.vllm.config import EngineSpec, KvStoreConfig
 from loadwise.vllm.server import ServerProcess
+
+logger = logging.getLogger("loadwise.disagg")
 
 
 class DisaggError(LoadwiseError, RuntimeError):
@@ -74,8 +78,12 @@ class DisaggServer:
     """The two engine servers and the proxy; ``run`` serves until stopped or an engine dies."""
 
     def __init__(self, specs: DisaggSpecs, host: str = "127.0.0.1", port: int = 8000,
-                 echo: bool = False, log_dir: Path | None = None) -> None:
+                 echo: bool = False, log_dir: Path | None = None,
+                 restart_dead: bool = False, start_timeout_s: float = 900.0) -> None:
         self.host, self.port = host, port
+        self.restart_dead = restart_dead
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
         logs = (log_dir / "prefill.log", log_dir / "decode.log") if log_dir else (None, None)
         self.engines = {
             "prefill": ServerProcess(specs.prefill, echo=echo, log_path=logs[0]),
@@ -106,19 +114,41 @@ class DisaggServer:
         return None
 
     async def serve(self, on_ready: object = None) -> str:
-        """Serve until an engine exits (returns its name) or the task is cancelled."""
+        """Serve until an engine exits (returns its name; with ``restart_dead`` it is started
+        again on its port while the proxy answers its requests with errors) or the task is
+        cancelled."""
         assert self.proxy is not None, "start_engines first"
-        runner = web.AppRunner(self.proxy.app(), handle_signals=False)
+        runner = web.AppRunner(self.proxy.app(), handle_signals=False, access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()
             if callable(on_ready):
                 on_ready()
-            while (dead := self.dead_engine()) is None:
-                await asyncio.sleep(0.5)
-            return dead
+            while True:
+                dead = self.dead_engine()
+                if dead is None:
+                    await asyncio.sleep(0.5)
+                    continue
+                if not self.restart_dead:
+                    return dead
+                await asyncio.get_running_loop().run_in_executor(None, self.restart, dead)
         finally:
             await runner.cleanup()
+
+    def restart(self, name: str) -> None:
+        """Reap a dead engine's process group and start the same engine on the same port
+        (raises ServerError when it does not come back)."""
+        old = self.engines[name]
+        code = old.proc.returncode if old.proc else None
+        logger.warning("loadwise: the %s engine exited (code %s); restarting it. Its last "
+                       "lines:\n%s", name, code, old.log_tail(10))
+        old.stop()
+        new = ServerProcess(old.spec, host=old.host, port=old.port, echo=old.echo,
+                            log_path=old.log_path)
+        self.engines[name] = new
+        new.start(self.start_timeout_s)
+        self.restarts += 1
+        logger.warning("loadwise: the %s engine is serving again", name)
 
     def run(self, on_ready: object = None) -> str | None:
         """Serve in this thread; None when stopped by Ctrl-C/SIGTERM, else the dead engine."""
