@@ -48,7 +48,7 @@ MAX_TOKENS = (4, 8, 16)
 def start_serve(extra: list[str], log: Path, args: argparse.Namespace) -> tuple[Any, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--spec-method",
-           "none", "--kv-cache-gib", "1", "--max-model-len", str(args.max_model_len),
+           "none", "--kv-cache-gib", "2", "--max-model-len", str(args.max_model_len),
            "--enforce-eager", "--cpu-binding", "all", *extra]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -91,6 +91,17 @@ def engine_pgid(engine_url: str) -> int | None:
             except ProcessLookupError:
                 continue
     return None
+
+
+def wait_healthy(url: str, max_s: float = 600.0) -> None:
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
 
 
 def gauges(url: str) -> dict[str, float]:
@@ -158,16 +169,25 @@ class Harness:
                     self._finish(r, p, max_tokens)
         except httpx.HTTPError as exc:
             self.record("transport_error", f"{action}: {exc!r}")
+        except ValueError as exc:  # an answer that is not the JSON it should be
+            self.record("malformed_answer", f"{action}: {exc!r}")
 
     def _expect_error(self, r: httpx.Response, action: str) -> None:
-        ok = r.status_code == 400 and bool(r.json().get("error", {}).get("message"))
-        self.record(f"{action}_refused" if ok else f"{action}_unexpected",
-                    None if ok else f"{action}: HTTP {r.status_code} {r.text[:200]}")
+        msg = r.json().get("error", {}).get("message") if r.status_code != 200 else None
+        if r.status_code == 400 and msg:
+            self.record(f"{action}_refused")
+        elif r.status_code >= 500 and msg:  # an engine was down: a clear error all the same
+            self.record(f"http_{r.status_code}")
+        else:
+            self.record(f"{action}_unexpected", f"{action}: HTTP {r.status_code} {r.text[:200]}")
 
     def _finish(self, r: httpx.Response, p: int, max_tokens: int) -> None:
         if r.status_code != 200:
             msg = r.json().get("error", {}).get("message") if r.content else None
             self.record(f"http_{r.status_code}", None if msg else f"HTTP {r.status_code} empty")
+            return
+        if r.json()["choices"][0].get("finish_reason") is None:
+            self.record("unfinished", f"200 without finish_reason: {r.text[:200]}")
             return
         tokens = r.json()["choices"][0]["token_ids"]
         with self.lock:
@@ -177,6 +197,7 @@ class Harness:
     def _stream(self, client: httpx.Client, body: dict[str, Any], p: int, max_tokens: int,
                 leave: bool, rng: random.Random) -> None:
         tokens: list[int] = []
+        done = False
         leave_after = rng.randint(1, 3)
         with client.stream("POST", f"{self.url}/v1/chat/completions",
                            json={**body, "stream": True}) as r:
@@ -185,13 +206,23 @@ class Harness:
                 self._finish(r, p, max_tokens)
                 return
             for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    done = True
+                if not line.startswith("data: ") or done:
                     continue
-                for choice in json.loads(line[6:]).get("choices", []):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    msg = event["error"].get("message")
+                    self.record("stream_error", None if msg else f"empty stream error: {line}")
+                    return
+                for choice in event.get("choices", []):
                     tokens += choice.get("token_ids") or []
                 if leave and tokens and len(tokens) >= leave_after:
                     self.record("left_streaming")
                     return
+        if not done:
+            self.record("stream_cut", f"stream ended without [DONE] or an error: {len(tokens)}")
+            return
         with self.lock:
             self.completed.append((p, max_tokens, tokens))
         self.record("completed")
@@ -241,6 +272,7 @@ def main() -> None:
                 next_i += 1
                 while kills and i >= kills[0][0] * len(plan):
                     _, name = kills.pop(0)
+                    wait_healthy(url)  # each kill hits a serving pair of engines
                     engine = httpx.get(f"{url}/loadwise/disagg").json()["engines"][name]
                     pgid = engine_pgid(engine)
                     if pgid is not None:
@@ -248,7 +280,10 @@ def main() -> None:
                     kill_log.append({"engine": name, "at_request": i, "pgid": pgid,
                                      "t_s": time.time() - t0})
                     print(f"killed {name} (pgid {pgid}) at request {i}", flush=True)
+            failed_before = sum(n for k, n in h.outcomes.items() if k.startswith("http_5"))
             h.one(client, action, pi, mt, rng)
+            if sum(n for k, n in h.outcomes.items() if k.startswith("http_5")) > failed_before:
+                wait_healthy(url)  # as a client backs off while an engine restarts
             if i % 500 == 0:
                 print(f"{i} requests, {dict(h.outcomes)}", flush=True)
 
@@ -259,14 +294,7 @@ def main() -> None:
         th.join()
     run_s = time.time() - t0
     # Drained: both engines up (a killed one restarted) and empty.
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
+    wait_healthy(url)
     time.sleep(5)
     engines = httpx.get(f"{url}/loadwise/disagg").json()
     after = {name: gauges(u) for name, u in engines["engines"].items()}

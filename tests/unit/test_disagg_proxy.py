@@ -27,6 +27,7 @@ class FakeEngine:
     params: dict[str, Any] | None = field(default_factory=lambda: {
         "prompt_token_ids": [1, 2, 3], "loadwise_blocks": 0})
     status: int = 200
+    break_stream: bool = False  # die after the first chunk
     calls: dict[str, list[Any]] = field(default_factory=dict)
 
     def app(self) -> web.Application:
@@ -52,6 +53,10 @@ class FakeEngine:
             await out.prepare(request)
             for i in range(3):
                 await out.write(f"data: {i}\n\n".encode())
+                if self.break_stream:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return out
             await out.write(b"data: [DONE]\n\n")
             return out
         return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": self.params})
@@ -221,3 +226,16 @@ def test_a_token_id_prompt_is_counted_without_tokenizing() -> None:
 
     p, _, _ = run(scenario)
     assert "/tokenize" not in p.calls and len(p.calls["/v1/completions"]) == 1
+
+
+def test_a_decode_stream_that_breaks_off_ends_with_an_error_event() -> None:
+    async def scenario(url: str, p: FakeEngine, d: FakeEngine) -> None:
+        status, body = await post(url, "/v1/completions",
+                                  {"prompt": "a b", "max_tokens": 5, "stream": True})
+        assert status == 200
+        events = [e for e in body.decode().split("\n\n") if e]
+        assert events[0] == "data: 0" and len(events) == 2
+        assert "failed mid-stream" in json.loads(events[1][6:])["error"]["message"]
+
+    _, _, stats = run(scenario, decode=FakeEngine(break_stream=True))
+    assert stats["decode_errors"] == 1 and stats["completed"] == 0

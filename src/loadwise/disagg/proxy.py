@@ -26,6 +26,21 @@ from loadwise.kv.disagg_ledger import EngineLimits, Rejected, admit
 from loadwise.measure.prom import parse_samples
 
 logger = logging.getLogger("loadwise.disagg")
+WARN_EVERY_S = 10.0
+_warned_at: dict[str, float] = {}
+
+
+def warn(kind: str, msg: str, *args: object) -> None:
+    """Log an engine failure at most once per ``WARN_EVERY_S`` per kind: a dead engine fails
+    every request until it is back, and one line says so."""
+    now = time.monotonic()
+    if now - _warned_at.get(kind, -WARN_EVERY_S) >= WARN_EVERY_S:
+        _warned_at[kind] = now
+        logger.warning(msg, *args)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 KEEPALIVE_S = 2.0
 ENDPOINTS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
@@ -219,7 +234,8 @@ class DisaggProxy:
                 data = json.loads(raw)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise _EngineError(502, json.dumps(error_body(
-                f"the prefill engine failed: {exc!r}", 502, "BadGatewayError")).encode()) from exc
+                f"the prefill engine failed: {describe(exc)}", 502,
+                "BadGatewayError")).encode()) from exc
         if not isinstance(data, dict):
             raise _EngineError(502, b'{"error": {"message": "prefill answered no object"}}')
         return data
@@ -228,35 +244,55 @@ class DisaggProxy:
         try:
             upstream = await self.session.post(f"{self.decode_url}{request.path}", json=body)
         except (TimeoutError, aiohttp.ClientError) as exc:
-            self.counters.decode_errors += 1
-            logger.warning("loadwise: decode engine unreachable: %r", exc)
-            return web.json_response(error_body(f"the decode engine failed: {exc!r}", 502,
-                                                "BadGatewayError"), status=502)
+            return self._decode_failed(exc)
         async with upstream:
             if upstream.status != 200:
                 self.counters.decode_errors += 1
                 raw = await upstream.read()
                 if upstream.status >= 500:
-                    logger.warning("loadwise: decode engine answered HTTP %d: %s",
-                                   upstream.status, raw[:300].decode(errors="replace"))
+                    warn("decode-status", "loadwise: decode engine answered HTTP %d: %s",
+                         upstream.status, raw[:300].decode(errors="replace"))
                 return web.Response(body=raw, status=upstream.status,
                                     content_type="application/json")
-            out = web.StreamResponse(status=200, headers={
-                "Content-Type": upstream.headers.get("Content-Type", "application/json")})
+            if not body.get("stream"):
+                try:
+                    raw = await upstream.read()
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    return self._decode_failed(exc)
+                self.counters.completed += 1
+                return web.Response(body=raw, status=200, content_type="application/json")
+            return await self._relay_stream(request, upstream)
+
+    async def _relay_stream(self, request: web.Request,
+                            upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": upstream.headers.get("Content-Type", "text/event-stream")})
+        try:
+            await out.prepare(request)
             try:
-                await out.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await out.write(chunk)
-                await out.write_eof()
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                self.counters.client_gone += 1  # closing upstream makes vLLM abort it
+            except (TimeoutError, aiohttp.ClientPayloadError,
+                    aiohttp.ServerDisconnectedError) as exc:
+                # The status is sent: the error goes into the stream, as vLLM sends its own.
+                self.counters.decode_errors += 1
+                warn("decode-stream", "loadwise: decode stream broke off: %s", describe(exc))
+                await out.write(b"data: " + json.dumps(error_body(
+                    f"the decode engine failed mid-stream: {describe(exc)}", 502,
+                    "BadGatewayError")).encode() + b"\n\n")
                 return out
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                self.counters.decode_errors += 1  # headers are sent: the stream just ends
-                logger.warning("loadwise: decode stream broke off: %r", exc)
-                return out
+            await out.write_eof()
+        except ConnectionResetError:  # the client left; closing upstream makes vLLM abort it
+            self.counters.client_gone += 1
+            return out
         self.counters.completed += 1
         return out
+
+    def _decode_failed(self, exc: BaseException) -> web.Response:
+        self.counters.decode_errors += 1
+        warn("decode", "loadwise: decode engine failed: %s", describe(exc))
+        return web.json_response(error_body(f"the decode engine failed: {describe(exc)}", 502,
+                                            "BadGatewayError"), status=502)
 
 
 class _EngineError(Exception):
@@ -265,8 +301,8 @@ class _EngineError(Exception):
         self.status = status
         self.body = body
         if status >= 500:  # the engine's fault, not the client's: the operator hears of it
-            logger.warning("loadwise: prefill engine answered HTTP %d: %s", status,
-                           body[:300].decode(errors="replace"))
+            warn("prefill", "loadwise: prefill engine answered HTTP %d: %s", status,
+                 body[:300].decode(errors="replace"))
 
     def response(self) -> web.Response:
         return web.Response(body=self.body, status=self.status, content_type="application/json")
