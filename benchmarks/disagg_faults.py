@@ -21,8 +21,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,11 +30,11 @@ from typing import Any
 
 import httpx
 from results_io import write_result
+from serve_cli import start_serve, stop_serve
 
 from loadwise.measure.prom import parse_samples
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
 from loadwise.provenance import provenance
-from loadwise.vllm.server import free_port
 
 ACTIONS = {  # action -> weight
     "complete": 45, "stream": 15, "store_fault": 5, "over_limit": 5, "malformed": 5,
@@ -45,33 +43,10 @@ ACTIONS = {  # action -> weight
 MAX_TOKENS = (4, 8, 16)
 
 
-def start_serve(extra: list[str], log: Path, args: argparse.Namespace) -> tuple[Any, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port), "--spec-method",
-           "none", "--kv-cache-gib", "2", "--max-model-len", str(args.max_model_len),
-           "--enforce-eager", "--cpu-binding", "all", *extra]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited at start: see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"server not healthy: see {log}")
-
-
-def stop_serve(proc: Any) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+def serve(extra: list[str], log: Path, args: argparse.Namespace) -> tuple[Any, str]:
+    return start_serve(["--spec-method", "none", "--kv-cache-gib", "2", "--max-model-len",
+                        str(args.max_model_len), "--enforce-eager", "--cpu-binding", "all",
+                        *extra], log)
 
 
 def engine_pgid(engine_url: str) -> int | None:
@@ -250,7 +225,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     store = Path(tempfile.mkdtemp(prefix="loadwise-faults-", dir="/dev/shm"))
     log = logs / "disagg-faults-serve.log"
-    proc, url = start_serve(["--disagg", "--restart-dead-engines", "--kv-store", str(store),
+    proc, url = serve(["--disagg", "--restart-dead-engines", "--kv-store", str(store),
                              "--kv-ssd-gib", "1"], log, args)
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     h = Harness(url, model, prompts, long_prompt, store, args.seed)
@@ -302,7 +277,7 @@ def main() -> None:
     serve_log = log.read_text(errors="replace")
     exits = serve_log.count("engine exited")
     # The reference: one co-located engine, greedy, each distinct (prompt, max_tokens) once.
-    ref_proc, ref_url = start_serve([], logs / "disagg-faults-reference.log", args)
+    ref_proc, ref_url = serve([], logs / "disagg-faults-reference.log", args)
     reference: dict[tuple[int, int], list[int]] = {}
     try:
         for pi, mt in sorted({(pi, mt) for pi, mt, _ in h.completed}):

@@ -26,9 +26,7 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,11 +35,11 @@ from typing import Any
 
 import httpx
 from results_io import write_result
+from serve_cli import start_serve, stop_serve
 
 from loadwise.measure.serving import group_pids
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
 from loadwise.provenance import provenance
-from loadwise.vllm.server import free_port
 
 CONFIGS = ("colocated", "disagg")
 
@@ -58,36 +56,13 @@ class Req:
 
 
 def start(config: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port),
-           "--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
-           "--max-model-len", str(args.max_model_len), "--cpu-binding", args.cpu_binding]
+    flags = ["--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
+             "--max-model-len", str(args.max_model_len), "--cpu-binding", args.cpu_binding]
     if not args.compiled:
-        cmd.append("--enforce-eager")
+        flags.append("--enforce-eager")
     if config == "disagg":
-        cmd.append("--disagg")
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{config} server exited: see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{config} server not healthy: see {log}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        flags.append("--disagg")
+    return start_serve(flags, log)
 
 
 def session_pids(proc: subprocess.Popen[bytes]) -> list[int]:
@@ -261,7 +236,7 @@ def main() -> None:
         except httpx.HTTPError:
             pass
         for proc, _ in servers.values():
-            stop(proc)
+            stop_serve(proc)
     identical = {f"{rate:g}@{rnd}": sum(a == b for a, b in zip(
         answers[("colocated", rate, rnd)], answers[("disagg", rate, rnd)], strict=True))
         for rate in rates for rnd in range(args.rounds)}

@@ -1,0 +1,44 @@
+"""`loadwise serve` as a benchmark starts it: the project's own command, in its own session,
+its output in a log file; stopped as Ctrl-C stops it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from loadwise.vllm.server import free_port
+
+
+def start_serve(flags: list[str], log: Path,
+                timeout_s: float = 900.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `loadwise serve FLAGS` on a free port; return once /health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port),
+                             *flags], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"loadwise serve exited at start: see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"loadwise serve not healthy after {timeout_s:.0f} s: see {log}")
+
+
+def stop_serve(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
