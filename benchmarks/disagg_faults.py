@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -274,6 +275,7 @@ def main() -> None:
     engines = httpx.get(f"{url}/loadwise/disagg").json()
     after = {name: gauges(u) for name, u in engines["engines"].items()}
     stop_serve(proc)
+    shutil.rmtree(store, ignore_errors=True)  # the handoff store lives in memory (/dev/shm)
     serve_log = log.read_text(errors="replace")
     exits = serve_log.count("engine exited")
     # The reference: one co-located engine, greedy, each distinct (prompt, max_tokens) once.
