@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 from results_io import write_result
-from serve_cli import start_serve, stop_serve
+from serve_cli import start_serve, stop_serve, wait_healthy
 
 from loadwise.measure.prom import parse_samples
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
@@ -67,17 +67,6 @@ def engine_pgid(engine_url: str) -> int | None:
             except ProcessLookupError:
                 continue
     return None
-
-
-def wait_healthy(url: str, max_s: float = 600.0) -> None:
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
 
 
 def gauges(url: str) -> dict[str, float]:

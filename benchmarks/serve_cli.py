@@ -15,6 +15,23 @@ import httpx
 from loadwise.vllm.server import free_port
 
 
+def wait_healthy(url: str, max_s: float = 600.0,
+                 proc: subprocess.Popen[bytes] | None = None) -> bool:
+    """Poll ``url``/health once a second until it answers 200 (True), ``max_s`` passes or
+    ``proc`` exits (False)."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    return False
+
+
 def start_serve(flags: list[str], log: Path,
                 timeout_s: float = 900.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start `loadwise serve FLAGS` on a free port; return once /health answers."""
@@ -23,16 +40,10 @@ def start_serve(flags: list[str], log: Path,
                              *flags], stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"loadwise serve exited at start: see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    if wait_healthy(url, timeout_s, proc):
+        return proc, url
+    if proc.poll() is not None:
+        raise SystemExit(f"loadwise serve exited at start: see {log}")
     raise SystemExit(f"loadwise serve not healthy after {timeout_s:.0f} s: see {log}")
 
 

@@ -26,6 +26,8 @@ from loadwise.kv.disagg_ledger import EngineLimits, Rejected, admit
 from loadwise.measure.prom import parse_samples
 
 logger = logging.getLogger("loadwise.disagg")
+KEEPALIVE_S = 2.0
+ENDPOINTS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 WARN_EVERY_S = 10.0
 _warned_at: dict[str, float] = {}
 
@@ -41,8 +43,6 @@ def warn(kind: str, msg: str, *args: object) -> None:
 
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-KEEPALIVE_S = 2.0
-ENDPOINTS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
 
 @dataclass(slots=True)

@@ -21,7 +21,6 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import requests
 from aiohttp import web
@@ -78,17 +77,13 @@ class DisaggServer:
     """The two engine servers and the proxy; ``run`` serves until stopped or an engine dies."""
 
     def __init__(self, specs: DisaggSpecs, host: str = "127.0.0.1", port: int = 8000,
-                 echo: bool = False, log_dir: Path | None = None,
-                 restart_dead: bool = False, start_timeout_s: float = 900.0) -> None:
+                 echo: bool = False, restart_dead: bool = False,
+                 start_timeout_s: float = 900.0) -> None:
         self.host, self.port = host, port
         self.restart_dead = restart_dead
         self.start_timeout_s = start_timeout_s
-        self.restarts = 0
-        logs = (log_dir / "prefill.log", log_dir / "decode.log") if log_dir else (None, None)
-        self.engines = {
-            "prefill": ServerProcess(specs.prefill, echo=echo, log_path=logs[0]),
-            "decode": ServerProcess(specs.decode, echo=echo, log_path=logs[1]),
-        }
+        self.engines = {"prefill": ServerProcess(specs.prefill, echo=echo),
+                        "decode": ServerProcess(specs.decode, echo=echo)}
         self.proxy: DisaggProxy | None = None
 
     @property
@@ -147,7 +142,6 @@ class DisaggServer:
                             log_path=old.log_path)
         self.engines[name] = new
         new.start(self.start_timeout_s)
-        self.restarts += 1
         logger.warning("loadwise: the %s engine is serving again", name)
 
     def run(self, on_ready: object = None) -> str | None:
