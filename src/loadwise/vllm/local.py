@@ -91,9 +91,12 @@ class LocalEngine:
 
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
 
-    def add(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> str:
+    def add(self, prompt: str, max_tokens: int, ignore_eos: bool = False,
+            sampling: Any = None) -> str:
+        """Queue a request (greedy unless ``sampling``, vLLM's SamplingParams, says otherwise);
+        returns its id."""
         req_id = f"lw-{next(self._ids)}"
-        self.engine.add_request(req_id, prompt, self.sampling(max_tokens, ignore_eos))
+        self.engine.add_request(req_id, prompt, sampling or self.sampling(max_tokens, ignore_eos))
         self._live.add(req_id)
         return req_id
 

@@ -1,7 +1,8 @@
 """loadwise's vLLM plugin: rewrite the draft-length table live from vLLM's acceptance counts.
 
 Enabled by ``LOADWISE_ADAPTIVE_PROFILE=/path/to/profile.json`` (``loadwise serve --adaptive``
-sets it). Two entry points:
+sets it). ``LOADWISE_BATCH_INVARIANT=1`` turns on batch-invariant mode through the same entry
+point (``loadwise.vllm.invariant_mode``). Two entry points:
 
   * ``vllm.general_plugins`` -> :func:`register`, run in every vLLM process (maybe more than
     once). It makes vLLM build loadwise's scheduler adapter when no scheduler class was chosen
@@ -44,7 +45,18 @@ _registered = False
 
 
 def register() -> None:
-    """General-plugin entry point. Idempotent; a no-op unless the profile variable is set."""
+    """General-plugin entry point. Idempotent; a no-op unless the profile variable or the
+    batch-invariant switch is set."""
+    from loadwise.vllm import invariant_mode
+
+    if invariant_mode.enabled():
+        _ensure_log_handler()
+        # A refusal here stops the engine's start: the mode never serves non-invariant results.
+        invariant_mode.install()
+    _register_adaptive()
+
+
+def _register_adaptive() -> None:
     global _registered
     if _registered or not os.environ.get(ENV_PROFILE):
         return
