@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
                             "logprobs differ bitwise, in the default and the invariant mode")
     p.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", type=int, default=d("num_prompts"),
-                   help=f"ShareGPT conversations, 100-600 tokens each (default {d('num_prompts')})")
+                   help=f"ShareGPT conversations, 90-580 tokens each (default {d('num_prompts')})")
     p.add_argument("--max-tokens", type=int, default=d("max_tokens"),
                    help=f"output tokens per request (default {d('max_tokens')})")
     p.add_argument("--concurrency", type=int_list, default=d("concurrencies"),
