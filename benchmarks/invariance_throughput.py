@@ -22,7 +22,7 @@ from typing import Any
 
 from results_io import write_result
 
-from loadwise.measure.serving import ClosedLoopClients, cpu_by_role, read_counters, wait_idle
+from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
@@ -37,25 +37,11 @@ def window(servers: dict[str, ServerProcess], mode: str, model: str, prompts: An
            args: argparse.Namespace) -> dict[str, Any]:
     server = servers[mode]
     idle = [s.pgid for m, s in servers.items() if m != mode]
-    clients = ClosedLoopClients(server.url, model, prompts, load, args.max_tokens).start()
-    try:
-        clients.wait_first_tokens(load, max_s=120.0)
-        time.sleep(args.warmup_s)
-        c0, cpu0 = read_counters(server.url), cpu_by_role(server.pgid)
-        idle0 = sum(sum(cpu_by_role(p).values()) for p in idle)
-        t0 = time.perf_counter()
-        time.sleep(args.window_s)
-        c1, cpu1 = read_counters(server.url), cpu_by_role(server.pgid)
-        wall_s = time.perf_counter() - t0
-        idle1 = sum(sum(cpu_by_role(p).values()) for p in idle)
-    finally:
-        clients.stop()
-    wait_idle(server.url)
-    tokens = c1.generation_tokens - c0.generation_tokens
-    return {"mode": mode, "load": load, "tokens": tokens, "wall_s": round(wall_s, 3),
-            "tok_s": round(tokens / wall_s, 2),
-            "cpu_s": {r: round(cpu1.get(r, 0.0) - cpu0.get(r, 0.0), 3) for r in cpu1},
-            "idle_cpu_s": round(idle1 - idle0, 3), "errors": len(clients.errors)}
+    w = measure_load_window(server.url, server.pgid, idle, model, prompts, load, args.max_tokens,
+                            args.warmup_s, args.window_s)
+    return {"mode": mode, "load": load, "tokens": w.tokens, "wall_s": round(w.wall_s, 3),
+            "tok_s": round(w.tokens / w.wall_s, 2), "cpu_s": w.cpu_s,
+            "idle_cpu_s": w.idle_cpu_s, "errors": len(w.errors)}
 
 
 def main() -> None:

@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.errors import LoadwiseError
-from loadwise.measure.serving import (
-    ClosedLoopClients,
-    cpu_by_role,
-    read_counters,
-    thread_affinity,
-    wait_idle,
-)
+from loadwise.measure.serving import measure_load_window, thread_affinity
 from loadwise.measure.workloads import Workload
 from loadwise.policy.binding import BindingDecision, choose_binding
 from loadwise.vllm.binding import CpuBinding
@@ -207,30 +201,14 @@ def _window(servers: Sequence[Any], i: int, binding: CpuBinding, model: str,
             ) -> BindingWindow:
     server = servers[i]
     others = [s.pgid for j, s in enumerate(servers) if j != i]
-    clients = ClosedLoopClients(server.url, model, workload.cycle(cfg.seed + r), load,
-                                cfg.max_tokens).start()
-    try:
-        # The prefill burst of c new requests is not steady state: let it through first.
-        clients.wait_first_tokens(load, max_s=120.0)
-        time.sleep(cfg.warmup_s)
-        c0, cpu0 = read_counters(server.url), cpu_by_role(server.pgid)
-        idle0 = sum(sum(cpu_by_role(p).values()) for p in others)
-        t0 = time.perf_counter()
-        time.sleep(cfg.window_s)
-        c1, cpu1 = read_counters(server.url), cpu_by_role(server.pgid)
-        wall_s = time.perf_counter() - t0
-        idle1 = sum(sum(cpu_by_role(p).values()) for p in others)
-    finally:
-        clients.stop()
-    wait_idle(server.url)
-    if c1.generation_tokens <= c0.generation_tokens:
+    w = measure_load_window(server.url, server.pgid, others, model, workload.cycle(cfg.seed + r),
+                            load, cfg.max_tokens, cfg.warmup_s, cfg.window_s)
+    if w.tokens <= 0:
         raise BindingSweepError(f"binding {binding.name}, load {load}: no output token in "
-                                f"{wall_s:.0f} s ({len(clients.errors)} client errors"
-                                + (f", first: {clients.errors[0]}" if clients.errors else "")
+                                f"{w.wall_s:.0f} s ({len(w.errors)} client errors"
+                                + (f", first: {w.errors[0]}" if w.errors else "")
                                 + ")")
     return BindingWindow(
-        binding=binding.name, load=load, round=r, order=order,
-        tokens=c1.generation_tokens - c0.generation_tokens,
-        prompt_tokens=c1.prompt_tokens - c0.prompt_tokens, wall_s=wall_s,
-        cpu_s={role: round(cpu1.get(role, 0.0) - cpu0.get(role, 0.0), 3) for role in cpu1},
-        idle_cpu_s=round(idle1 - idle0, 3), errors=len(clients.errors))
+        binding=binding.name, load=load, round=r, order=order, tokens=w.tokens,
+        prompt_tokens=w.prompt_tokens, wall_s=w.wall_s, cpu_s=w.cpu_s, idle_cpu_s=w.idle_cpu_s,
+        errors=len(w.errors))

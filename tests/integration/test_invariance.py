@@ -29,8 +29,10 @@ def test_checker_counts_per_condition_and_the_invariant_mode_has_no_difference(
                           ("invariant", "miss"), ("invariant", "hit")]
     for p in report.passes:
         assert p.num_requests == 8 and p.output_tokens == 8 * 6
-        # the second pass of the same prompts is served from the prefix cache
-        assert (p.cached_prompt_tokens > 0) == (p.condition.prefix_cache == "hit")
+    # The second pass of the same prompts is served from the prefix cache (the first may hit
+    # only where two conversations share an opening block).
+    for miss, hit in (report.passes[:2], report.passes[2:]):
+        assert hit.cached_prompt_tokens >= miss.cached_prompt_tokens + 4 * 128
     totals = report.totals()
     print(f"default mode: {totals['default']['differ']} of 16 requests differ")
     assert totals["invariant"] == {"requests": 16, "differ": 0, "token_diffs": 0}

@@ -4,6 +4,7 @@ in vLLM's default mode and in loadwise's batch-invariant mode."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,8 @@ def name_list(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def d(name: str) -> Any:
-    return config_default(CheckConfig, name)
-
-
 def add_parser(sub: Any) -> None:
+    d = functools.partial(config_default, CheckConfig)
     p = sub.add_parser("check-invariance",
                        help="run prompts alone and inside batches; count requests whose tokens or "
                             "logprobs differ bitwise, in the default and the invariant mode")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,3 +195,44 @@ def wait_idle(url: str, max_s: float = 30.0) -> float:
             break
         time.sleep(0.2)
     return time.perf_counter() - t0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWindow:
+    """One measured window of closed-loop load on a server: vLLM's token counters, wall time,
+    CPU seconds of its processes by role, and of the other (idle) servers' processes."""
+
+    tokens: float
+    prompt_tokens: float
+    wall_s: float
+    cpu_s: dict[str, float]
+    idle_cpu_s: float
+    errors: tuple[str, ...]
+
+
+def measure_load_window(url: str, pgid: int, idle_pgids: Sequence[int], model: str,
+                        prompts: Iterator[str], load: int, max_tokens: int, warmup_s: float,
+                        window_s: float) -> LoadWindow:
+    """``load`` closed-loop clients on the server at ``url`` (process group ``pgid``): the
+    prefill burst of the first requests and ``warmup_s`` pass, then ``window_s`` is measured;
+    the clients stop and the server drains before this returns."""
+    clients = ClosedLoopClients(url, model, prompts, load, max_tokens).start()
+    try:
+        # The prefill burst of c new requests is not steady state: let it through first.
+        clients.wait_first_tokens(load, max_s=120.0)
+        time.sleep(warmup_s)
+        c0, cpu0 = read_counters(url), cpu_by_role(pgid)
+        idle0 = sum(sum(cpu_by_role(p).values()) for p in idle_pgids)
+        t0 = time.perf_counter()
+        time.sleep(window_s)
+        c1, cpu1 = read_counters(url), cpu_by_role(pgid)
+        wall_s = time.perf_counter() - t0
+        idle1 = sum(sum(cpu_by_role(p).values()) for p in idle_pgids)
+    finally:
+        clients.stop()
+    wait_idle(url)
+    return LoadWindow(
+        tokens=c1.generation_tokens - c0.generation_tokens,
+        prompt_tokens=c1.prompt_tokens - c0.prompt_tokens, wall_s=wall_s,
+        cpu_s={role: round(cpu1.get(role, 0.0) - cpu0.get(role, 0.0), 3) for role in cpu1},
+        idle_cpu_s=round(idle1 - idle0, 3), errors=tuple(clients.errors))

@@ -211,9 +211,14 @@ def selftest_loaded_model(runner: Any) -> None:
 
     model = runner.model
     dtype = runner.model_config.dtype
-    shape = attention_shape(model)
     block_size = int(getattr(runner.cache_config, "block_size", None) or 128)
-    isa = _get_attn_isa(dtype, block_size, shape[2])
-    checked = run_selftest(model, dtype, shape, isa)
+    try:
+        shape = attention_shape(model)
+        checked = run_selftest(model, dtype, shape, _get_attn_isa(dtype, block_size, shape[2]))
+    except InvarianceError as exc:
+        # The line operators see (loadwise's launchers echo "loadwise: " lines); the raise
+        # then fails the engine's start.
+        logger.error("loadwise: %s", exc)
+        raise
     logger.info("loadwise: batch-invariant self-test passed on %d operators (%d threads, %s)",
                 len(checked), torch.get_num_threads(), dtype)
