@@ -169,4 +169,8 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
                                    wall_s, cached)
                 finally:
                     engine.shutdown()
-    return InvarianceReport(config=cfg.to_json(), passes=tuple(passes), meta=provenance())
+    # Each thread count binds that many cores from the first, none reserved (engine_spec).
+    bindings = {str(t): engine_spec(cfg, MODES[0], t, True).cpu_binding.to_json()
+                for t in cfg.threads}
+    return InvarianceReport(config=cfg.to_json(), passes=tuple(passes),
+                            meta={**provenance(), "cpu_binding_by_threads": bindings})
