@@ -158,13 +158,15 @@ def run_selftest(model: torch.nn.Module, dtype: torch.dtype, attention_shape: tu
     gen = torch.Generator().manual_seed(SEED)
     checked: list[str] = []
 
-    def check(operator: str, fn: RowFn, x: torch.Tensor) -> None:
-        with torch.inference_mode():
-            problem = row_mismatch(fn, x)
+    def verdict(operator: str, problem: str | None) -> None:
         if problem is not None:
             raise InvarianceError(f"batch-invariant mode refused: {operator}: {problem} "
                                   f"({torch.get_num_threads()} threads, {dtype})")
         checked.append(operator)
+
+    def check(operator: str, fn: RowFn, x: torch.Tensor) -> None:
+        with torch.inference_mode():
+            verdict(operator, row_mismatch(fn, x))
 
     for name, module, k, n in dense_layers(model):
         x = torch.randn(BATCH_ROWS, k, generator=gen).to(dtype)
@@ -179,12 +181,8 @@ def run_selftest(model: torch.nn.Module, dtype: torch.dtype, attention_shape: tu
     check("sampler log_softmax", lambda t: t.log_softmax(dim=-1, dtype=torch.float32), logits)
     check("sampler argmax", lambda t: t.argmax(dim=-1), logits)
     with torch.inference_mode():
-        problem = attention_mismatch(*attention_shape, dtype=dtype, isa=isa)
-    if problem is not None:
-        raise InvarianceError(f"batch-invariant mode refused: attention (CPU_ATTN, "
-                              f"{attention_shape[0]} heads): {problem} "
-                              f"({torch.get_num_threads()} threads, {dtype})")
-    checked.append("attention")
+        verdict(f"attention (CPU_ATTN, {attention_shape[0]} heads)",
+                attention_mismatch(*attention_shape, dtype=dtype, isa=isa))
     return checked
 
 
