@@ -212,7 +212,7 @@ def run_tune(
 ) -> Profile:
     spec = engine.spec
     if spec.spec_method is None:
-        raise TuneError("tuning needs speculation: pick --spec-method ngram or draft")
+        raise TuneError("tuning needs speculation: pick --spec-method ngram, draft or eagle")
     if max(cfg.batch_sizes) > spec.max_num_seqs:
         raise TuneError(f"largest batch size {max(cfg.batch_sizes)} exceeds the engine's "
                         f"max_num_seqs {spec.max_num_seqs}")

@@ -6,11 +6,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from loadwise.cli import demo, evaluate, invariance, kv, model, report, serve, status, tune
+from loadwise.cli import (
+    demo,
+    drafter,
+    evaluate,
+    invariance,
+    kv,
+    model,
+    report,
+    serve,
+    status,
+    tune,
+)
 from loadwise.cli.common import err
 from loadwise.errors import LoadwiseError
 
-COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, demo)
+COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, drafter, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

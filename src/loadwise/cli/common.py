@@ -32,11 +32,13 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
     binding_help = binding_help or BINDING_HELP.format(default="auto")
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "none"],
-                   help="speculative decoding method (default: ngram)")
+    g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "eagle", "none"],
+                   help="speculative decoding method (default: ngram); draft and eagle take "
+                        "--draft-model (eagle: a head from `loadwise drafter train`)")
     g.add_argument("--max-k", type=int, default=4,
                    help="engine's num_speculative_tokens: the largest draft length (default: 4)")
-    g.add_argument("--draft-model", help="draft model directory for --spec-method draft")
+    g.add_argument("--draft-model",
+                   help="draft model (or EAGLE head) directory for --spec-method draft or eagle")
     g.add_argument("--prompt-lookup-min", type=int, default=None,
                    help="ngram: shortest n-gram to match (default: vLLM's)")
     g.add_argument("--prompt-lookup-max", type=int, default=None,

@@ -210,6 +210,34 @@ def sharegpt_histories(num_chats: int, min_chars: int, max_chars: int,
     return out[:num_chats]
 
 
+def sharegpt_pairs(num_pairs: int, max_chars: int = MAX_PROMPT_CHARS,
+                   seed: int = 0) -> list[tuple[str, str]]:
+    """(first user turn, first assistant turn) of ShareGPT conversations whose first user turn
+    is none of the built-in ``sharegpt`` workload's prompts, so what is trained on them is
+    measured on prompts it never saw; ASCII, the user turn MIN_PROMPT_CHARS..``max_chars``;
+    seeded order."""
+    held_out = set(_sharegpt_parts()["prompts"])
+    pairs: list[tuple[str, str]] = []
+    for conv in _sharegpt_conversations():
+        turns = conv.get("conversations")
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, second = turns[0], turns[1]
+        if not (isinstance(first, dict) and isinstance(second, dict)
+                and first.get("from") == "human" and second.get("from") == "gpt"):
+            continue
+        prompt = str(first.get("value", "")).strip()
+        answer = str(second.get("value", "")).strip()
+        if (MIN_PROMPT_CHARS <= len(prompt) <= max_chars and answer and prompt.isascii()
+                and answer.isascii() and prompt not in held_out):
+            pairs.append((prompt, answer))
+    random.Random(seed).shuffle(pairs)
+    if len(pairs) < num_pairs:
+        raise WorkloadError(f"ShareGPT has {len(pairs)} training conversations of at most "
+                            f"{max_chars} characters; {num_pairs} asked for")
+    return pairs[:num_pairs]
+
+
 def builtin(name: str, size: int = 200) -> Workload:
     name = ALIASES.get(name, name)
     if name not in BUILTIN:

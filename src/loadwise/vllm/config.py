@@ -15,7 +15,9 @@ from loadwise.errors import LoadwiseError
 from loadwise.policy.table import DraftLengthTable, TableError
 from loadwise.vllm.binding import CpuBinding, apply_env
 
-SPEC_METHODS = ("ngram", "draft")
+SPEC_METHODS = ("ngram", "draft", "eagle")
+# Methods that draft with a second model given by --draft-model.
+MODEL_DRAFTERS = ("draft", "eagle")
 SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
 INVARIANT_ENV = "LOADWISE_BATCH_INVARIANT"  # read by loadwise.vllm.invariant_mode
 ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
@@ -48,11 +50,28 @@ def speculative_config(spec_method: str, max_k: int, table: list[list[int]],
         for key, n in zip(("prompt_lookup_min", "prompt_lookup_max"), prompt_lookup):
             if n is not None:
                 cfg[key] = n
+    elif spec_method == "eagle":
+        cfg["method"] = eagle_method(draft_model) if draft_model is not None else "eagle"
+        if draft_model is not None:
+            cfg["model"] = draft_model
     else:
         cfg["method"] = "draft_model"
         if draft_model is not None:
             cfg["model"] = draft_model
     return cfg
+
+
+def eagle_method(head_dir: str) -> str:
+    """vLLM's method for an EAGLE head directory: ``eagle3`` for the EAGLE-3 layout (a draft
+    vocabulary or EAGLE-3 switches in its config, as ``loadwise drafter train`` writes),
+    else ``eagle``."""
+    try:
+        cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "eagle"
+    if not isinstance(cfg, dict):
+        return "eagle"
+    return "eagle3" if "eagle_config" in cfg or "draft_vocab_size" in cfg else "eagle"
 
 
 def compile_env(cpu: bool) -> dict[str, str]:
@@ -160,8 +179,8 @@ class EngineSpec:
             raise EngineConfigError(
                 f"unknown --spec-method {self.spec_method!r}: choose one of {', '.join(SPEC_METHODS)}"
             )
-        if self.spec_method == "draft" and not self.draft_model:
-            raise EngineConfigError("--spec-method draft needs --draft-model PATH")
+        if self.spec_method in MODEL_DRAFTERS and not self.draft_model:
+            raise EngineConfigError(f"--spec-method {self.spec_method} needs --draft-model PATH")
         if self.spec_method is not None and self.max_k < 1:
             raise EngineConfigError(f"--max-k must be >= 1 with speculation, got {self.max_k}")
         if not self.kv_cache_space_gib > 0:

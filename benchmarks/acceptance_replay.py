@@ -1,0 +1,214 @@
+"""Replay of a trained EAGLE head's greedy drafts: the online acceptance estimator's held-out
+AUC and calibration, and what per-request trimming would verify, against the table alone.
+
+Held-out text: the target's own greedy answers (vLLM, no speculation) to prompts of the
+built-in `sharegpt` workload, which no head trained on. Greedy verification accepts a draft iff
+it equals the target's greedy token, so on this text the head's drafts (computed exactly as
+vLLM drafts: step 1 from the target's hidden state, later steps from the head's own output)
+are accepted iff they equal the next tokens of the answer. Every answer position where the
+target produced a token is one drafting step of k = MAX_K drafts.
+
+* Estimator: requests arrive in order; each drafting step is predicted before its outcome is
+  observed (prequential), so every prediction is held out. Feature: the head's draft
+  distribution's largest probability at each position, known before the token is drawn.
+* Trimming: drafting steps grouped into batches of b; `policy.trim` keeps a prefix of each
+  request's drafts with the estimator's survival and the verification cost T(b, drafts) of a
+  tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing).
+
+Writes benchmarks/results/acceptance-replay-<time>.json and a calibration PNG beside it.
+Usage: python benchmarks/acceptance_replay.py --head DIR [--prompts 96] [--profile PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from results_io import write_result
+from torch.nn import functional as F
+
+from loadwise.drafter.data import Example
+from loadwise.drafter.head import load_head
+from loadwise.drafter.target import hidden_states, load_target
+from loadwise.drafter.train import collate, draft_index
+from loadwise.measure.profile import Profile, ProfileError
+from loadwise.measure.workloads import resolve
+from loadwise.model import prepare
+from loadwise.policy.acceptance import AcceptanceEstimator, auc, calibration
+from loadwise.policy.trim import trim
+from loadwise.provenance import provenance
+from loadwise.vllm.binding import ALL, CpuBinding
+from loadwise.vllm.config import EngineSpec
+from loadwise.vllm.local import LocalEngine
+
+MAX_K = 3
+BATCH_SIZES = (1, 8, 32)
+
+
+def greedy_examples(model: str, prompts: list[str], max_tokens: int) -> list[Example]:
+    from loadwise.drafter.data import _generate
+
+    engine = LocalEngine(EngineSpec(model=model, spec_method=None, max_num_seqs=32,
+                                    kv_cache_space_gib=2, cpu_binding=CpuBinding.parse(ALL)))
+    try:
+        return _generate(engine, prompts, max_tokens)
+    finally:
+        engine.shutdown()
+
+
+@torch.no_grad()
+def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor]
+                   ) -> list[tuple[list[float], int]]:
+    """Per drafting step: the draft distribution's max probability at positions 1..MAX_K and
+    how many drafts greedy verification accepts."""
+    to_draft = draft_index(head)
+    steps: list[tuple[list[float], int]] = []
+    for i, ex in enumerate(examples):
+        batch = collate(examples, hidden, [i])
+        outs = head.unrolled(batch.tokens, batch.hidden, batch.key_mask, MAX_K)
+        n = len(ex.token_ids)
+        start = len(ex.prompt_ids)
+        probs = [F.softmax(head.lm_head(o[0]), dim=-1) for o in outs]  # [L, draft vocab]
+        qmax = [p.max(-1) for p in probs]
+        for t in range(start - 1, n - 2):  # token t + 1 is an answer token, t + 2 exists
+            feats, accepted, alive = [], 0, True
+            for s in range(MAX_K):
+                label_pos = t + s + 2
+                if label_pos >= n:
+                    break
+                feats.append(float(qmax[s].values[t]))
+                want = int(to_draft[ex.token_ids[label_pos]])
+                right = want >= 0 and int(qmax[s].indices[t]) == want
+                if alive and right:
+                    accepted += 1
+                else:
+                    alive = False
+            steps.append((feats, accepted))
+    return steps
+
+
+def replay_estimator(steps: list[tuple[list[float], int]]) -> tuple[dict[str, Any], Any]:
+    est = AcceptanceEstimator.create(MAX_K)
+    preds: list[tuple[float, int, int, int]] = []  # (p, label, position, step index)
+    for idx, (feats, accepted) in enumerate(steps):
+        for j in range(1, min(accepted + 1, len(feats)) + 1):
+            preds.append((est.probability(j, feats[j - 1]), int(j <= accepted), j, idx))
+        est.observe(feats, accepted)
+    half = len(steps) // 2
+    late = [(p, y) for p, y, _, i in preds if i >= half]
+    out = {"num_steps": len(steps), "num_labels": len(preds), "num_refits": est.num_refits,
+           "auc_pooled": auc([(p, y) for p, y, _, _ in preds]),
+           "auc_pooled_second_half": auc(late),
+           "auc_per_position": {j: auc([(p, y) for p, y, jj, _ in preds if jj == j])
+                                for j in range(1, MAX_K + 1)},
+           "acceptance_per_position": {
+               j: sum(y for _, y, jj, _ in preds if jj == j)
+               / max(1, sum(1 for _, _, jj, _ in preds if jj == j)) for j in range(1, MAX_K + 1)},
+           "calibration": [vars_bin(b) for b in calibration([(p, y) for p, y, _, _ in preds])],
+           "final_model": {"slope": est.slope, "bias": est.bias}}
+    return out, est
+
+
+def vars_bin(b: Any) -> dict[str, float]:
+    return {"lo": b.lo, "hi": b.hi, "mean_predicted": round(b.mean_predicted, 4),
+            "accepted_share": round(b.accepted_share, 4), "count": b.count}
+
+
+def replay_trimming(steps: list[tuple[list[float], int]], profile: Profile) -> dict[str, Any]:
+    """Table (every draft verified) against trimming, per batch size, on the same steps; the
+    estimator runs online as it would in the engine."""
+    times = profile.step_times()
+    out: dict[str, Any] = {}
+    for b in BATCH_SIZES:
+        est = AcceptanceEstimator.create(MAX_K)
+        table = {"accepted": 0, "rejected_verified": 0, "verified": 0}
+        trimmed = {"accepted": 0, "rejected_verified": 0, "verified": 0}
+        for g in range(0, len(steps) - b + 1, b):
+            group = steps[g:g + b]
+            surv = [est.survival(f) for f, _ in group]
+            d = trim(surv, lambda n, b=b: times.at(b, min(n / b, times.max_k)))
+            for (feats, acc), keep in zip(group, d.keep):
+                for tally, k in ((table, len(feats)), (trimmed, keep)):
+                    got = min(acc, k)
+                    tally["accepted"] += got
+                    tally["verified"] += k
+                    tally["rejected_verified"] += min(k, got + 1) - got if k > got else 0
+                est.observe(feats, acc)
+        out[str(b)] = {"table": table, "trimmed": trimmed,
+                       "rejected_verified_cut": 1 - trimmed["rejected_verified"]
+                       / max(1, table["rejected_verified"]),
+                       "accepted_kept": trimmed["accepted"] / max(1, table["accepted"])}
+    return out
+
+
+def plot(calib: list[dict[str, float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    ax.scatter([c["mean_predicted"] for c in calib], [c["accepted_share"] for c in calib],
+               s=[max(8, c["count"] / 20) for c in calib])
+    ax.set_xlabel("predicted P(accept)")
+    ax.set_ylabel("accepted share")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def newest_ngram_profile() -> Path | None:
+    for d in sorted(Path("benchmarks/results").glob("tune-*/profile.json"), reverse=True):
+        try:
+            if Profile.load(d).spec_method == "ngram":
+                return d
+        except ProfileError as exc:
+            print(f"skipping {d}: {exc}")
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--profile", default=None)
+    args = ap.parse_args()
+    made_by = provenance()
+    t0 = time.perf_counter()
+    model = str(prepare().path)
+    prompts = list(resolve("sharegpt").prompts[:args.prompts])
+    examples = greedy_examples(model, prompts, args.max_tokens)
+    target_cfg, weights, lm = load_target(model)
+    torch.set_num_threads(2)
+    hidden = hidden_states(lm, examples, Path(f"/tmp/acceptance-replay-{time.time_ns()}"),
+                           lambda n: None)
+    head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
+    steps = drafting_steps(head, examples, hidden)
+    estimator, _ = replay_estimator(steps)
+    print({k: v for k, v in estimator.items() if k != "calibration"})
+    profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
+    trimming = None
+    if profile_path is not None:
+        trimming = replay_trimming(steps, Profile.load(profile_path))
+        for b, row in trimming.items():
+            print(f"b={b}: rejected-verified cut {row['rejected_verified_cut']:.1%}, accepted "
+                  f"kept {row['accepted_kept']:.1%}")
+    path = write_result("acceptance-replay", {
+        **made_by, "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
+                              "workload": "sharegpt (held out)",
+                              "verification_profile": str(profile_path)},
+        "estimator": estimator, "trimming": trimming,
+        "raw_steps": [[[round(q, 5) for q in f], a] for f, a in steps],
+        "wall_s": round(time.perf_counter() - t0, 1)})
+    plot(estimator["calibration"], path.with_suffix(".png"),
+         f"online estimator, held-out drafts (AUC {estimator['auc_pooled']:.3f})")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

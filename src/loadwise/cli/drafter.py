@@ -1,0 +1,94 @@
+"""`loadwise drafter train`: train an EAGLE head for the served model (vLLM's eagle3 layout)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from typing import Any
+
+from loadwise.cli.common import config_default, console
+from loadwise.drafter.run import DrafterConfig
+
+
+def add_parser(sub: Any) -> None:
+    d = functools.partial(config_default, DrafterConfig)
+    drafter = sub.add_parser("drafter", help="train an EAGLE drafter head for the served model")
+    drafter_sub = drafter.add_subparsers(dest="drafter_command", required=True, metavar="ACTION")
+    p = drafter_sub.add_parser(
+        "train", help="self-distil an EAGLE head on the model's own answers to ShareGPT prompts "
+                      "(or train it on the recorded answers: --data human)")
+    p.add_argument("--out", required=True,
+                   help="head directory to write (serve it with --spec-method eagle "
+                        "--draft-model OUT); a run started again on it resumes")
+    p.add_argument("--model", help="target model directory (default: the embedded model)")
+    p.add_argument("--data", default=d("data"), choices=["self", "human"],
+                   help="self: the model's greedy answers, generated with vLLM; human: the "
+                        "conversations' recorded answers (default self)")
+    for name, what in (("num_examples", ("ShareGPT conversations (none of the built-in sharegpt "
+                                        "workload's prompts)")),
+                       ("max_answer_tokens", "answer tokens per example"),
+                       ("draft_vocab_size", ("tokens of the head's LM head (the most frequent "
+                                            "answer tokens)")),
+                       ("num_steps", "draft steps unrolled in training"),
+                       ("epochs", "passes over the examples"),
+                       ("held_out", "examples kept out of training to measure the head")):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=d(name),
+                       help=f"{what} (default {d(name)})")
+    p.add_argument("--lr", type=float, default=d("lr"), help=f"peak learning rate (default "
+                                                              f"{d('lr')})")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from loadwise.model import prepare
+
+    model = args.model or str(prepare().path)
+    cfg = DrafterConfig(model=model, out_dir=args.out, data=args.data,
+                        num_examples=args.num_examples, max_answer_tokens=args.max_answer_tokens,
+                        draft_vocab_size=args.draft_vocab_size, num_steps=args.num_steps,
+                        epochs=args.epochs, held_out=args.held_out, lr=args.lr)
+    tasks: dict[str, Any] = {}
+    with Progress(TextColumn("{task.fields[stage]:<14}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                  console=console) as prog:
+        def report(stage: str, done: int, total: int, detail: str) -> None:
+            if stage not in tasks:
+                tasks[stage] = prog.add_task(detail, total=total, stage=stage)
+            prog.update(tasks[stage], completed=done, total=total, description=detail)
+
+        meta = _train(cfg, report)
+    held = meta["held_out"]
+    console.print(f"head written to {args.out} ({meta['train_time_s'] / 60:.1f} min training)")
+    console.print("held-out, teacher-forced: accuracy per draft step "
+                  f"{[round(a, 3) if a is not None else None for a in held['step_accuracy']]}, "
+                  f"accepted drafts per drafting step {held['mean_accepted_per_draft_step']:.3f}"
+                  f" of {cfg.num_steps}")
+    console.print(f"serve it: loadwise serve --spec-method eagle --draft-model {args.out} "
+                  f"--max-k {cfg.num_steps}")
+    console.print_json(json.dumps(meta["stage_time_s"]))
+    return 0
+
+
+def _train(cfg: DrafterConfig, report: Any) -> dict[str, Any]:
+    from loadwise.drafter.run import train_drafter
+
+    def engine() -> Any:
+        from loadwise.vllm.binding import CpuBinding
+        from loadwise.vllm.config import EngineSpec
+        from loadwise.vllm.local import LocalEngine
+
+        report("examples", 0, cfg.num_examples, "starting vLLM for the model's answers")
+        return LocalEngine(EngineSpec(model=cfg.model, spec_method=None, max_num_seqs=32,
+                                      cpu_binding=CpuBinding.parse("all")))
+
+    return train_drafter(cfg, report, engine)

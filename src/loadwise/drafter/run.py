@@ -1,0 +1,201 @@
+"""``loadwise drafter train``: text → target hidden states → a trained EAGLE head directory.
+
+Every stage resumes: examples and hidden states are cached under ``OUT/work`` and the training
+state is saved every few minutes, so a killed run started again with the same flags continues.
+The cache belongs to one set of data settings (``run.json``); training settings may change
+between runs on it, each with its own saved state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadwise.drafter.data import SOURCES, DrafterDataError
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterConfig:
+    model: str
+    out_dir: str
+    data: str = "self"  # self: the model's greedy answers; human: the recorded answers
+    num_examples: int = 480
+    max_prompt_chars: int = 800
+    max_answer_tokens: int = 256
+    draft_vocab_size: int = 8192
+    num_steps: int = 3  # draft steps unrolled in training: the k the head is trained for
+    epochs: int = 4
+    lr: float = 1e-3
+    batch_tokens: int = 1024
+    held_out: int = 32  # examples kept out of training to measure the head
+    seed: int = 0
+    save_every_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.data not in SOURCES:
+            raise DrafterDataError(f"unknown --data {self.data!r}: choose one of "
+                                   f"{', '.join(SOURCES)}")
+        for name in ("num_examples", "max_answer_tokens", "draft_vocab_size", "num_steps",
+                     "epochs", "batch_tokens", "held_out"):
+            if getattr(self, name) < 1:
+                raise DrafterDataError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                       f"{getattr(self, name)}")
+        if self.held_out >= self.num_examples:
+            raise DrafterDataError(f"--held-out {self.held_out} leaves nothing to train on "
+                                   f"(--num-examples {self.num_examples})")
+        if not self.lr > 0:
+            raise DrafterDataError(f"--lr must be > 0, got {self.lr}")
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        """What the cached examples and hidden states depend on."""
+        keep = {"model", "data", "num_examples", "max_prompt_chars", "max_answer_tokens", "seed"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in keep}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved training state must match to be resumed."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("out_dir", "save_every_s")}
+
+    def state_name(self) -> str:
+        """The training state's file: one per training setting, so a run with another
+        learning rate (say) starts its own training on the same cached data."""
+        digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode())
+        return f"train-state-{digest.hexdigest()[:12]}.pt"
+
+
+# stage, done, total, detail
+Report = Callable[[str, int, int, str], None]
+
+
+def train_drafter(cfg: DrafterConfig, report: Report,
+                  engine_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Run every stage; returns the head's metadata (also written to OUT/loadwise-drafter.json).
+
+    ``engine_factory`` makes the vLLM engine that writes ``self`` answers (a LocalEngine)."""
+    import torch
+
+    from loadwise.drafter import train as T
+    from loadwise.drafter.data import build_examples
+    from loadwise.drafter.head import EagleHead, HeadShape, save_head
+    from loadwise.drafter.target import hidden_states, load_target
+    from loadwise.measure.workloads import sharegpt_pairs
+
+    out = Path(cfg.out_dir)
+    work = out / "work"
+    _claim(work, cfg)
+    timings: dict[str, float] = {}
+
+    t = time.perf_counter()
+    pairs = sharegpt_pairs(cfg.num_examples, cfg.max_prompt_chars, seed=cfg.seed)
+    made = [0]
+
+    def on_example(n: int) -> None:
+        made[0] += n
+        report("examples", made[0], len(pairs), cfg.data)
+
+    examples = build_examples(cfg.data, pairs, cfg.model, work / f"examples-{cfg.data}.jsonl",
+                              cfg.max_answer_tokens, on_example, engine_factory)
+    timings["examples_s"] = time.perf_counter() - t
+
+    # After the engine: vLLM leaves this process at one torch thread.
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    t = time.perf_counter()
+    target_cfg, weights, lm = load_target(cfg.model)
+    done = [0]
+
+    def on_hidden(n: int) -> None:
+        done[0] += n
+        report("hidden states", done[0], len(examples), "target forward")
+
+    hidden = hidden_states(lm, examples, work / f"hidden-{cfg.data}", on_hidden)
+    del lm
+    timings["hidden_s"] = time.perf_counter() - t
+
+    shape = HeadShape.from_config(target_cfg)
+    train_ex, val_ex = examples[cfg.held_out:], examples[:cfg.held_out]
+    train_h, val_h = hidden[cfg.held_out:], hidden[:cfg.held_out]
+    eos = int(target_cfg.get("eos_token_id") or 0)
+    vocab, coverage = T.select_vocab(train_ex, cfg.draft_vocab_size, [eos], shape.vocab_size)
+    embed = weights["model.embed_tokens.weight"]
+    torch.manual_seed(cfg.seed)
+    head = EagleHead(shape, vocab, embed)
+    head.init_from_target(weights, shape_last_layer(target_cfg))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    state = T.TrainState()
+    state_path = work / cfg.state_name()
+    if state_path.is_file():
+        saved = torch.load(state_path, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+
+    def save(st: T.TrainState) -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"fingerprint": cfg.fingerprint(), "head": head.state_dict(),
+                    "optimizer": optimizer.state_dict(), "state": st}, tmp)
+        tmp.replace(state_path)
+
+    def on_batch(p: T.Progress) -> None:
+        report("training", p.epoch * p.num_batches + p.batch, p.num_batches * cfg.epochs,
+               f"epoch {p.epoch + 1}/{cfg.epochs} loss {p.loss:.3f}")
+
+    t = time.perf_counter()
+    T.train_loop(head, train_ex, train_h, epochs=cfg.epochs, batch_tokens=cfg.batch_tokens,
+                 lr=cfg.lr, num_steps=cfg.num_steps, seed=cfg.seed, state=state,
+                 optimizer=optimizer, save=save, save_every_s=cfg.save_every_s,
+                 on_batch=on_batch)
+    timings["train_s"] = time.perf_counter() - t
+    report("held-out check", 0, 1, f"{len(val_ex)} examples")
+    metrics = T.evaluate_head(head, val_ex, val_h, cfg.num_steps, cfg.batch_tokens)
+    meta = {"kind": "loadwise-eagle-head", "vllm_method": "eagle3", "target": cfg.model,
+            "config": cfg.fingerprint(), "draft_vocab_coverage": coverage,
+            "num_train_examples": len(train_ex),
+            "num_train_tokens": sum(len(e.token_ids) for e in train_ex),
+            "held_out": metrics, "stage_time_s": timings, "train_time_s": state.elapsed_s}
+    save_head(head, target_cfg, out, meta)
+    return meta
+
+
+def _claim(work: Path, cfg: DrafterConfig) -> None:
+    """The work directory holds one set of examples and their hidden states: a run with other
+    data settings is refused before anything is read or written there."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "run.json"
+    if path.is_file():
+        try:
+            same = json.loads(path.read_text()) == cfg.data_fingerprint()
+        except ValueError:
+            same = False
+        if not same:
+            raise DrafterDataError(f"{cfg.out_dir} holds examples made with other data settings "
+                                   f"({path}): start it again with the same --data, "
+                                   "--num-examples and --max-answer-tokens, or give another --out")
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cfg.data_fingerprint(), indent=2))
+    tmp.replace(path)
+
+
+def shape_last_layer(target_cfg: dict[str, Any]) -> int:
+    return int(target_cfg["num_hidden_layers"]) - 1
+
+
+def read_meta(head_dir: str | Path) -> dict[str, Any] | None:
+    """A head's loadwise metadata, or None for a directory loadwise did not train."""
+    from loadwise.drafter.head import META_FILE
+
+    path = Path(head_dir) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None

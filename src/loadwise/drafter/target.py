@@ -1,0 +1,64 @@
+"""The target model's last hidden states over training text: what vLLM hands an EAGLE drafter.
+
+vLLM passes the drafter the output of the target's final norm at each position; transformers'
+``last_hidden_state`` is that same tensor. Computed once per example, kept in float16 (the head
+normalizes it first), saved in shards so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loadwise.drafter.data import Example
+
+SHARD_EXAMPLES = 64
+
+
+def load_target(model: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any]:
+    """(config, weights, transformers model in eval mode) of a model directory."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(model).glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    lm: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    lm.eval()
+    return cfg, weights, lm
+
+
+@torch.no_grad()
+def hidden_states(lm: Any, examples: Sequence[Example], shard_dir: Path,
+                  on_done: Callable[[int], None]) -> list[torch.Tensor]:
+    """[len, hidden] float16 per example, resuming from the shards in ``shard_dir``."""
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    out: list[torch.Tensor] = []
+    for start in range(0, len(examples), SHARD_EXAMPLES):
+        chunk = examples[start:start + SHARD_EXAMPLES]
+        path = shard_dir / f"{start // SHARD_EXAMPLES:05d}.pt"
+        states: list[torch.Tensor] | None = None
+        if path.is_file():
+            try:
+                loaded = torch.load(path, weights_only=True)
+                if [len(s) for s in loaded] == [len(e.token_ids) for e in chunk]:
+                    states = loaded
+            except (OSError, RuntimeError, EOFError):
+                states = None
+        if states is None:
+            states = []
+            for ex in chunk:
+                ids = torch.tensor([ex.token_ids])
+                h = lm.model(input_ids=ids).last_hidden_state[0]
+                states.append(h.to(torch.float16))
+            tmp = path.with_suffix(".tmp")
+            torch.save(states, tmp)
+            tmp.replace(path)
+        out += states
+        on_done(len(chunk))
+    return out

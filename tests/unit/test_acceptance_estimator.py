@@ -1,0 +1,161 @@
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadwise.policy.acceptance import (
+    MAX_NEWTON_STEP,
+    AcceptanceEstimator,
+    EstimatorConfig,
+    EstimatorError,
+    auc,
+    calibration,
+    logit_feature,
+    sigmoid,
+)
+
+TRUE_SLOPE = 1.5
+TRUE_BIAS = (0.8, 0.0, -0.7)
+
+
+def simulate(est: AcceptanceEstimator, n: int, seed: int) -> list[tuple[float, int]]:
+    """Chains drawn from the known law; returns (true probability, label) of verified drafts."""
+    rng = random.Random(seed)
+    truth: list[tuple[float, int]] = []
+    for _ in range(n):
+        qs = [rng.betavariate(2, 2) for _ in TRUE_BIAS]
+        accepted = 0
+        for j, q in enumerate(qs):
+            p = sigmoid(TRUE_SLOPE * logit_feature(q) + TRUE_BIAS[j])
+            ok = rng.random() < p
+            truth.append((p, int(ok)))
+            if not ok:
+                break
+            accepted += 1
+        est.observe(qs, accepted)
+    return truth
+
+
+def test_converges_to_the_logistic_law_that_made_the_data() -> None:
+    # Each refit is one Newton step on the requests since the last one: its estimate is as
+    # precise as that window is large.
+    # Position 3 is verified only after two acceptances: its intercept rests on the least data.
+    est = AcceptanceEstimator.create(3, refit_every=5000)
+    simulate(est, 50_000, seed=1)
+    assert est.num_refits == 10
+    assert est.slope == pytest.approx(TRUE_SLOPE, abs=0.1)
+    for got, want in zip(est.bias, TRUE_BIAS):
+        assert got == pytest.approx(want, abs=0.2)
+
+
+def test_predictions_rank_as_well_as_the_true_law_held_out() -> None:
+    est = AcceptanceEstimator.create(3)
+    simulate(est, 5_000, seed=2)
+    rng = random.Random(3)
+    pred, true = [], []
+    for _ in range(3000):
+        j = rng.randrange(3)
+        q = rng.betavariate(2, 2)
+        p_true = sigmoid(TRUE_SLOPE * logit_feature(q) + TRUE_BIAS[j])
+        y = int(rng.random() < p_true)
+        pred.append((est.probability(j + 1, q), y))
+        true.append((p_true, y))
+    a_est, a_true = auc(pred), auc(true)
+    assert a_est is not None and a_true is not None
+    assert a_est > 0.7 and abs(a_est - a_true) < 0.01
+
+
+def test_censored_positions_do_not_change_the_fit() -> None:
+    """Positions after the first rejection were never verified: their features are ignored."""
+    a = AcceptanceEstimator.create(3, refit_every=10)
+    b = AcceptanceEstimator.create(3, refit_every=10)
+    rng = random.Random(4)
+    for _ in range(200):
+        qs = [rng.random() for _ in range(3)]
+        accepted = rng.randrange(3)  # 0..2: position accepted + 1 is the rejection
+        other = qs[:accepted + 1] + [rng.random() for _ in range(2 - accepted)]
+        a.observe(qs, accepted)
+        b.observe(other, accepted)
+    assert (a.slope, a.bias) == (b.slope, b.bias)
+    assert len(a.recent) == len(b.recent) == sum(1 for _ in a.recent)
+
+
+def test_all_accepted_labels_every_position_and_leaves_none_censored() -> None:
+    est = AcceptanceEstimator.create(3, refit_every=1000)
+    est.observe([0.9, 0.8, 0.7], 3)
+    assert [(y, j) for _, y, j in est.recent] == [(1, 1), (1, 2), (1, 3)]
+    est.observe([0.9, 0.8, 0.7], 1)
+    assert [(y, j) for _, y, j in list(est.recent)[3:]] == [(1, 1), (0, 2)]
+
+
+@given(st.lists(st.tuples(st.lists(st.floats(0, 1), min_size=1, max_size=4), st.integers(0, 4)),
+                max_size=60),
+       st.integers(1, 7))
+def test_refits_stay_bounded_and_finite(obs, every) -> None:
+    est = AcceptanceEstimator.create(4, refit_every=every)
+    for qs, acc in obs:
+        before = [est.slope, *est.bias]
+        refits = est.num_refits
+        est.observe(qs, min(acc, len(qs)))
+        after = [est.slope, *est.bias]
+        if est.num_refits > refits:
+            assert all(abs(x - y) <= MAX_NEWTON_STEP + 1e-9 for x, y in zip(before[1:], after[1:]))
+        else:
+            assert after == before
+        assert est.slope >= 0 and all(math.isfinite(v) for v in after)
+        for j in range(1, 5):
+            assert 0.0 < est.probability(j, 0.5) < 1.0
+
+
+def test_refit_clears_its_statistics() -> None:
+    est = AcceptanceEstimator.create(2, refit_every=5)
+    for _ in range(5):
+        est.observe([0.9, 0.2], 1)
+    assert est.num_refits == 1
+    assert est._grad == [0.0, 0.0, 0.0]
+    params = (est.slope, list(est.bias))
+    est.refit()  # nothing gathered since: nothing moves
+    assert (est.slope, est.bias) == params
+
+
+def test_bad_observations_and_configs_are_refused() -> None:
+    est = AcceptanceEstimator.create(2)
+    with pytest.raises(EstimatorError):
+        est.observe([0.5, 0.5], 3)
+    with pytest.raises(EstimatorError):
+        EstimatorConfig(0)
+    with pytest.raises(EstimatorError):
+        EstimatorConfig(2, damping=0)
+
+
+def test_survival_is_the_cumulative_product() -> None:
+    est = AcceptanceEstimator.create(3)
+    qs = [0.9, 0.6, 0.3]
+    s = est.survival(qs)
+    assert s[0] == pytest.approx(est.probability(1, 0.9))
+    assert s[2] == pytest.approx(math.prod(est.probability(j + 1, q) for j, q in enumerate(qs)))
+    assert s == sorted(s, reverse=True)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 1)), max_size=30))
+def test_auc_matches_the_pairwise_definition(pairs) -> None:
+    pos = [s for s, y in pairs if y]
+    neg = [s for s, y in pairs if not y]
+    got = auc(pairs)
+    if not pos or not neg:
+        assert got is None
+        return
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
+    assert got == pytest.approx(wins / (len(pos) * len(neg)))
+
+
+def test_calibration_bins_count_and_average() -> None:
+    bins = calibration([(0.05, 0), (0.15, 1), (0.12, 0), (0.95, 1)], num_bins=10)
+    assert [(b.lo, b.count) for b in bins] == [(0.0, 1), (0.1, 2), (0.9, 1)]
+    assert bins[1].mean_predicted == pytest.approx(0.135)
+    assert bins[1].accepted_share == 0.5

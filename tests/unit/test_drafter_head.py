@@ -1,0 +1,196 @@
+"""The EAGLE head's training arithmetic against step-by-step drafting with a KV cache, its
+checkpoint layout, and the pieces of the training loop."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from loadwise.drafter import train as T
+from loadwise.drafter.data import Example, read_examples
+from loadwise.drafter.head import EagleHead, HeadShape, head_config, save_head
+from loadwise.vllm.config import EngineConfigError, EngineSpec, eagle_method
+
+SHAPE = HeadShape(hidden_size=16, intermediate_size=24, num_heads=4, num_kv_heads=2, head_dim=4,
+                  rms_eps=1e-5, rope_theta=10000.0, vocab_size=40)
+
+
+def make_head(seed: int = 0, draft_ids=None) -> EagleHead:
+    torch.manual_seed(seed)
+    ids = torch.arange(0, 40, 2) if draft_ids is None else draft_ids
+    head = EagleHead(SHAPE, ids, torch.randn(40, 16))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return head
+
+
+def drafted_step_by_step(head: EagleHead, tokens: torch.Tensor, hidden: torch.Tensor,
+                         slot: int, num_steps: int) -> list[torch.Tensor]:
+    """What a drafting engine computes at ``slot``: positions 0..slot from the target's hidden
+    states into the KV cache, then each further step one query over the cache plus its own
+    earlier draft keys."""
+    s = head.shape
+    group = s.num_heads // s.num_kv_heads
+    pos = torch.arange(slot + 1)
+    q, k, v = head._qkv(tokens[1:slot + 2], hidden[:slot + 1], pos)
+    keys, values = [k], [v]
+    h_in = hidden[slot:slot + 1]
+    outs = []
+    q_last = q[slot:slot + 1]
+    for step in range(1, num_steps + 1):
+        if step > 1:
+            p = torch.tensor([slot + step - 1])
+            q_last, k_new, v_new = head._qkv(tokens[slot + step:slot + step + 1], h_in, p)
+            keys.append(k_new)
+            values.append(v_new)
+        kk = torch.cat(keys).repeat_interleave(group, dim=1)  # [n, heads, d]
+        vv = torch.cat(values).repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q_last[0], kk) / s.head_dim ** 0.5
+        attn = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), vv)
+        prenorm, normed = head._rest(attn[None], h_in)
+        outs.append(normed[0])
+        h_in = prenorm
+    return outs
+
+
+def test_unrolled_training_equals_drafting_with_a_kv_cache() -> None:
+    head = make_head()
+    torch.manual_seed(1)
+    length = 9
+    tokens = torch.randint(0, 40, (2, length))
+    hidden = torch.randn(2, length, 16)
+    mask = torch.ones(2, length, dtype=torch.bool)
+    mask[1, 7:] = False  # a padded row: padding must not leak into real slots
+    outs = head.unrolled(tokens, hidden, mask, num_steps=3)
+    for row, n in ((0, length), (1, 7)):
+        for slot in range(n - 3):
+            want = drafted_step_by_step(head, tokens[row, :n], hidden[row, :n], slot, 3)
+            for step in range(3):
+                torch.testing.assert_close(outs[step][row, slot], want[step], atol=1e-5,
+                                           rtol=1e-5)
+
+
+def test_select_vocab_takes_the_most_frequent_answer_tokens() -> None:
+    ex = [Example((1, 2, 3), (5, 5, 5, 6, 6, 7)), Example((9,), (5, 8))]
+    ids, coverage = T.select_vocab(ex, 3, always=[2], vocab_size=40)
+    assert ids.tolist() == [2, 5, 6]
+    assert coverage == pytest.approx(6 / 8)
+    ids, coverage = T.select_vocab(ex, 7, always=[2], vocab_size=40)
+    assert len(ids) == 7 and coverage == 1.0 and {5, 6, 7, 8} <= set(ids.tolist())
+
+
+def test_step_targets_count_only_slots_where_drafting_happens() -> None:
+    ex = [Example((1, 2, 3), (4, 6, 8, 10))]
+    batch = T.collate(ex, [torch.zeros(7, 16)], [0])
+    head = make_head()
+    to_draft = T.draft_index(head)  # even ids only
+    valid, labels = T.step_targets(batch, 1, to_draft)
+    # Slot t predicts token t + 2; drafting starts once token t + 1 is an answer token (t >= 2).
+    assert valid[0].tolist() == [False, False, True, True, True, False, False]
+    assert labels[0, 2].item() == to_draft[6].item()
+    valid3, _ = T.step_targets(batch, 3, to_draft)
+    assert valid3[0].tolist() == [False, False, True, False, False, False, False]
+    odd = [Example((1, 2, 3), (5, 7, 9, 11))]
+    v, _ = T.step_targets(T.collate(odd, [torch.zeros(7, 16)], [0]), 1, to_draft)
+    assert not v.any()  # labels outside the draft vocabulary can never be drafted
+
+
+def test_checkpoint_has_vllms_eagle3_names_and_maps_draft_ids(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    ids = torch.tensor([0, 3, 4, 9, 17])
+    head = make_head(draft_ids=ids)
+    target_cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "vocab_size": 40,
+                  "num_hidden_layers": 30, "_name": "x"}
+    save_head(head, target_cfg, tmp_path, {"kind": "test"})
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    assert (sd["d2t"] + torch.arange(5)).tolist() == ids.tolist()
+    assert sd["layers.0.self_attn.q_proj.weight"].shape == (16, 32)  # [embedding; hidden] in
+    assert sd["lm_head.weight"].shape == (5, 16)
+    assert "embed_tokens.weight" not in " ".join(sd)  # vLLM shares the target's
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg == head_config(target_cfg, 5)
+    assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 5
+    assert cfg["eagle_config"] == {"use_aux_hidden_state": False} and "_name" not in cfg
+    assert eagle_method(str(tmp_path)) == "eagle3"
+
+
+def test_eagle_spec_needs_a_head_and_renders_vllms_method(tmp_path, model_stub) -> None:
+    with pytest.raises(EngineConfigError, match="--draft-model"):
+        EngineSpec(model=str(model_stub), spec_method="eagle")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"num_hidden_layers": 1}))
+    spec = EngineSpec(model=str(model_stub), spec_method="eagle", draft_model=str(head), max_k=3)
+    cfg = spec.speculative_config()
+    assert cfg is not None and cfg["method"] == "eagle" and cfg["model"] == str(head)
+    (head / "config.json").write_text(json.dumps({"draft_vocab_size": 8}))
+    assert spec.speculative_config()["method"] == "eagle3"  # type: ignore[index]
+
+
+def test_training_resumed_from_its_state_ends_where_an_unbroken_run_ends() -> None:
+    torch.manual_seed(5)
+    ex = [Example(tuple(torch.randint(0, 40, (4,)).tolist()),
+                  tuple(torch.randint(0, 40, (6,)).tolist())) for _ in range(6)]
+    hid = [torch.randn(10, 16) for _ in ex]
+
+    class Killed(Exception):
+        pass
+
+    def run(head: EagleHead, opt: torch.optim.Optimizer, state: T.TrainState,
+            save=lambda st: None) -> T.TrainState:
+        return T.train_loop(head, ex, hid, epochs=2, batch_tokens=20, lr=1e-2, num_steps=2,
+                            seed=0, state=state, optimizer=opt, save=save, save_every_s=0.0,
+                            on_batch=lambda p: None)
+
+    whole = make_head()
+    run(whole, torch.optim.AdamW(whole.parameters()), T.TrainState())
+
+    first = make_head()
+    opt = torch.optim.AdamW(first.parameters())
+    saves: list[dict] = []
+
+    def save_then_die(st: T.TrainState) -> None:
+        saves.append(copy.deepcopy({"head": first.state_dict(), "opt": opt.state_dict(),
+                                    "state": st}))
+        if len(saves) == 2:  # killed right after its second save, mid-way through epoch 1
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(first, opt, T.TrainState(), save_then_die)
+    saved = saves[-1]
+    assert (saved["state"].epoch, saved["state"].batch) == (0, 2)
+    resumed = make_head()  # the same target embedding; trained weights from the state only
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.add_(1.0)
+    resumed.load_state_dict(saved["head"])
+    opt2 = torch.optim.AdamW(resumed.parameters())
+    opt2.load_state_dict(saved["opt"])
+    run(resumed, opt2, saved["state"])
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_torn_examples_file_keeps_its_complete_lines(tmp_path) -> None:
+    path = tmp_path / "ex.jsonl"
+    path.write_text(json.dumps(Example((1,), (2, 3)).to_json()) + "\n" + '{"prompt_ids": [4')
+    assert read_examples(path) == [Example((1,), (2, 3))]
+
+
+def test_a_saved_head_loads_back_with_the_same_weights(tmp_path) -> None:
+    from loadwise.drafter.head import load_head
+
+    head = make_head(draft_ids=torch.tensor([1, 2, 30]))
+    save_head(head, {"hidden_size": 16}, tmp_path, {})
+    back = load_head(tmp_path, {"hidden_size": 16, "intermediate_size": 24,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 4, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                                "vocab_size": 40}, head.embed)
+    assert back.draft_ids.tolist() == [1, 2, 30]
+    for (name, a), (_, b) in zip(head.named_parameters(), back.named_parameters()):
+        torch.testing.assert_close(a, b, msg=name)
