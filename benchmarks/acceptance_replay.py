@@ -90,6 +90,14 @@ def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor
     return steps
 
 
+def mean_accepted(steps: list[tuple[list[float], int]]) -> dict[str, float]:
+    """Drafts greedy verification accepts per drafting step, and per target decode step (a
+    step yields one target token plus the drafts accepted)."""
+    accepted = sum(a for _, a in steps)
+    return {"per_drafting_step": round(accepted / max(1, len(steps)), 4),
+            "num_drafting_steps": len(steps), "num_accepted": accepted}
+
+
 def replay_estimator(steps: list[tuple[list[float], int]]) -> tuple[dict[str, Any], Any]:
     est = AcceptanceEstimator.create(MAX_K)
     preds: list[tuple[float, int, int, int]] = []  # (p, label, position, step index)
@@ -177,6 +185,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--compare-head", default=None,
+                    help="another head (e.g. trained on human answers): its accepted drafts per "
+                         "drafting step on the same text")
     args = ap.parse_args()
     made_by = provenance()
     t0 = time.perf_counter()
@@ -189,6 +200,11 @@ def main() -> None:
                            lambda n: None)
     head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
     steps = drafting_steps(head, examples, hidden)
+    heads = {"head": mean_accepted(steps)}
+    if args.compare_head:
+        other = load_head(Path(args.compare_head), target_cfg, weights["model.embed_tokens.weight"])
+        heads["compare_head"] = mean_accepted(drafting_steps(other, examples, hidden))
+    print("accepted drafts per drafting step:", heads)
     estimator, _ = replay_estimator(steps)
     print({k: v for k, v in estimator.items() if k != "calibration"})
     profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
@@ -202,7 +218,7 @@ def main() -> None:
         **made_by, "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
-        "estimator": estimator, "trimming": trimming,
+        "accepted_per_drafting_step": heads, "estimator": estimator, "trimming": trimming,
         "raw_steps": [[[round(q, 5) for q in f], a] for f, a in steps],
         "wall_s": round(time.perf_counter() - t0, 1)})
     plot(estimator["calibration"], path.with_suffix(".png"),
