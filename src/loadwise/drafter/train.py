@@ -13,7 +13,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -150,7 +150,6 @@ class TrainState:
     epoch: int = 0
     batch: int = 0
     elapsed_s: float = 0.0
-    history: list[dict[str, float]] = field(default_factory=list)
 
 
 def lr_at(i: int, total: int, peak: float) -> float:
