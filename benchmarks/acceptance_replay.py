@@ -30,7 +30,7 @@ import torch
 from results_io import write_result
 from torch.nn import functional as F
 
-from loadwise.drafter.data import Example
+from loadwise.drafter.data import Example, generated_examples
 from loadwise.drafter.head import load_head
 from loadwise.drafter.target import hidden_states, load_target
 from loadwise.drafter.train import collate, draft_index
@@ -48,13 +48,14 @@ MAX_K = 3
 BATCH_SIZES = (1, 8, 32)
 
 
-def greedy_examples(model: str, prompts: list[str], max_tokens: int) -> list[Example]:
-    from loadwise.drafter.data import _generate
+BINDING = CpuBinding.parse(ALL)
 
+
+def greedy_examples(model: str, prompts: list[str], max_tokens: int) -> list[Example]:
     engine = LocalEngine(EngineSpec(model=model, spec_method=None, max_num_seqs=32,
-                                    kv_cache_space_gib=2, cpu_binding=CpuBinding.parse(ALL)))
+                                    kv_cache_space_gib=2, cpu_binding=BINDING))
     try:
-        return _generate(engine, prompts, max_tokens)
+        return generated_examples(engine, prompts, max_tokens)
     finally:
         engine.shutdown()
 
@@ -215,7 +216,7 @@ def main() -> None:
             print(f"b={b}: rejected-verified cut {row['rejected_verified_cut']:.1%}, accepted "
                   f"kept {row['accepted_kept']:.1%}")
     path = write_result("acceptance-replay", {
-        **made_by, "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
+        **made_by, "binding": BINDING.to_json(), "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
         "accepted_per_drafting_step": heads, "estimator": estimator, "trimming": trimming,

@@ -29,8 +29,8 @@ import requests
 from results_io import write_result
 
 from loadwise.drafter.run import read_meta
-from loadwise.measure.prom import fetch_metrics, parse_samples, spec_counters
-from loadwise.measure.serving import GEN_TOKENS, measure_load_window
+from loadwise.measure.prom import fetch_metrics, spec_counters
+from loadwise.measure.serving import measure_load_window, read_counters
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
@@ -41,19 +41,15 @@ from loadwise.vllm.server import ServerProcess
 K = 3
 
 
-def generated(url: str) -> float:
-    return float(sum(v for _, v in parse_samples(fetch_metrics(url)).get(GEN_TOKENS, [])))
-
-
 def window(servers: dict[str, ServerProcess], name: str, model: str, prompts: Any,
            args: argparse.Namespace) -> dict[str, Any]:
     server = servers[name]
     idle = [s.pgid for n, s in servers.items() if n != name]
-    spec0, gen0 = spec_counters(fetch_metrics(server.url)), generated(server.url)
+    spec0, gen0 = spec_counters(fetch_metrics(server.url)), read_counters(server.url)
     w = measure_load_window(server.url, server.pgid, idle, model, prompts, 1, args.max_tokens,
                             args.warmup_s, args.window_s)
     spec = spec_counters(fetch_metrics(server.url)).minus(spec0)
-    gen = generated(server.url) - gen0
+    gen = read_counters(server.url).generation_tokens - gen0.generation_tokens
     steps = gen - spec.num_accepted_tokens
     return {"server": name, "tokens": w.tokens, "wall_s": round(w.wall_s, 3),
             "tok_s": round(w.tokens / w.wall_s, 2), "cpu_s": w.cpu_s, "idle_cpu_s": w.idle_cpu_s,

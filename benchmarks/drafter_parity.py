@@ -20,44 +20,35 @@ import time
 from pathlib import Path
 
 import torch
-from acceptance_replay import MAX_K, drafting_steps
+from acceptance_replay import BINDING, MAX_K, drafting_steps
 from results_io import write_result
 
-from loadwise.drafter.data import Example
+from loadwise.drafter.data import Example, generated_examples
 from loadwise.drafter.head import load_head
 from loadwise.drafter.target import hidden_states, load_target
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import ALL, CpuBinding
 from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import LocalEngine
 
 
 def engine_counts(model: str, head: str, prompts: list[str], max_tokens: int
                   ) -> tuple[list[Example], list[int], list[int]]:
+    # max_num_seqs 1: requests run one after another, every step drafts for one request only.
     spec = EngineSpec(model=model, spec_method="eagle", draft_model=head, max_k=MAX_K,
                       max_num_seqs=1, kv_cache_space_gib=1, enforce_eager=True,
-                      cpu_binding=CpuBinding.parse(ALL))
+                      cpu_binding=BINDING)
     engine = LocalEngine(spec)
-    examples: list[Example] = []
     accepted = [0] * MAX_K
     verified = [0] * MAX_K
     try:
-        for p in prompts:  # one request at a time: every step drafts for this request only
-            n0 = engine.num_records()
-            req = engine.add(engine.chat_prompt(p), max_tokens)
-            out = None
-            while out is None:
-                for o in engine.step():
-                    if o.request_id == req:
-                        out = o
-            for rec in engine.records_since(n0):
-                for j, (a, v) in enumerate(zip(rec.accepted_per_pos, rec.draft_tokens_per_pos)):
-                    accepted[j] += a
-                    verified[j] += v
-            examples.append(Example(tuple(out.prompt_token_ids),
-                                    tuple(out.outputs[0].token_ids)))
+        n0 = engine.num_records()
+        examples = generated_examples(engine, prompts, max_tokens)
+        for rec in engine.records_since(n0):
+            for j, (a, v) in enumerate(zip(rec.accepted_per_pos, rec.draft_tokens_per_pos)):
+                accepted[j] += a
+                verified[j] += v
     finally:
         engine.shutdown()
     return examples, accepted, verified
@@ -109,8 +100,8 @@ def main() -> None:
     print(f"vLLM:    accepted per position {v_acc}, verified {v_ver}")
     print(f"replica: accepted per position {r_acc}, verified {r_ver}")
     path = write_result("drafter-parity", {
-        **made_by, "config": {**vars(args), "k": MAX_K, "workload": "sharegpt (held out)",
-                              "engine": "eager, max_num_seqs 1, cores 0-1"},
+        **made_by, "binding": BINDING.to_json(), "config": {**vars(args), "k": MAX_K, "workload": "sharegpt (held out)",
+                              "engine": "eager, max_num_seqs 1"},
         "vllm": {"accepted_per_pos": v_acc, "verified_per_pos": v_ver},
         "replica": {"accepted_per_pos": r_acc, "verified_per_pos": r_ver},
         "outputs": [list(e.answer_ids) for e in examples],

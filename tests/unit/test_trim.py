@@ -46,7 +46,7 @@ def test_picks_the_argmax_of_modelled_goodput(survivals, cost) -> None:
 
 def test_free_verification_keeps_everything_and_costly_keeps_nothing() -> None:
     s = [[0.9, 0.5, 0.1], [0.3, 0.1, 0.0]]
-    assert trim(s, lambda n: 1.0).keep == (3, 3)[:1] + (2,)  # a zero survival adds nothing
+    assert trim(s, lambda n: 1.0).keep == (3, 2)  # a zero survival adds nothing
     assert trim(s, lambda n: 1.0 + 10.0 * n).keep == (0, 0)
 
 

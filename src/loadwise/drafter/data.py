@@ -58,12 +58,10 @@ def read_examples(path: Path) -> list[Example]:
     return out
 
 
-def _append(path: Path, examples: Sequence[Example], keep: int) -> None:
-    """Rewrite the file as its first ``keep`` examples plus ``examples`` (a torn tail goes)."""
-    lines = path.read_text().splitlines()[:keep] if path.is_file() else []
-    lines += [json.dumps(e.to_json()) for e in examples]
+def _rewrite(path: Path, examples: Sequence[Example]) -> None:
+    """``path`` holding exactly ``examples`` (a torn tail left by a kill goes)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in examples))
     tmp.replace(path)
 
 
@@ -79,7 +77,7 @@ def human_examples(pairs: Sequence[tuple[str, str]], tokenizer: Any,
     eos = int(tokenizer.eos_token_id)
     for prompt, answer in pairs:
         ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"])
-        ids = ids[:max_answer_tokens - 1] + [eos] if len(ids) >= max_answer_tokens else ids + [eos]
+        ids = ids[:max_answer_tokens - 1] + [eos]
         yield Example(tuple(chat_ids(tokenizer, prompt)), tuple(ids))
 
 
@@ -97,37 +95,38 @@ def build_examples(source: str, pairs: Sequence[tuple[str, str]], model: str, pa
     todo = list(pairs[len(done):])
     if not todo:
         return done[:len(pairs)]
+    engine: Any = None
     if source == "human":
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model)
-        for i in range(0, len(todo), GENERATION_CHUNK):
-            chunk = list(human_examples(todo[i:i + GENERATION_CHUNK], tok, max_answer_tokens))
-            _append(path, chunk, len(done))
-            done += chunk
-            on_done(len(chunk))
-        return done
-    if engine_factory is None:
-        raise DrafterDataError("self-distillation needs an engine")
-    engine = engine_factory()
+
+        def make(chunk: Sequence[tuple[str, str]]) -> list[Example]:
+            return list(human_examples(chunk, tok, max_answer_tokens))
+    else:
+        if engine_factory is None:
+            raise DrafterDataError("self-distillation needs an engine")
+        engine = engine_factory()
+
+        def make(chunk: Sequence[tuple[str, str]]) -> list[Example]:
+            return generated_examples(engine, [p for p, _ in chunk], max_answer_tokens)
+    _rewrite(path, done)
     try:
-        for i in range(0, len(todo), GENERATION_CHUNK):
-            chunk = _generate(engine, [p for p, _ in todo[i:i + GENERATION_CHUNK]],
-                              max_answer_tokens)
-            _append(path, chunk, len(done))
-            done += chunk
-            on_done(len(chunk))
+        with path.open("a") as f:
+            for i in range(0, len(todo), GENERATION_CHUNK):
+                chunk = make(todo[i:i + GENERATION_CHUNK])
+                f.write("".join(json.dumps(e.to_json()) + "\n" for e in chunk))
+                f.flush()
+                done += chunk
+                on_done(len(chunk))
     finally:
-        engine.shutdown()
+        if engine is not None:
+            engine.shutdown()
     return done
 
 
-def _generate(engine: Any, prompts: Sequence[str], max_tokens: int) -> list[Example]:
-    """Greedy answers from a LocalEngine, with the prompt ids vLLM itself tokenized."""
-    ids = [engine.add(engine.chat_prompt(p), max_tokens) for p in prompts]
-    finished: dict[str, Any] = {}
-    while len(finished) < len(ids):
-        for out in engine.step():
-            finished[out.request_id] = out
-    return [Example(tuple(finished[i].prompt_token_ids), tuple(finished[i].outputs[0].token_ids))
-            for i in ids]
+def generated_examples(engine: Any, prompts: Sequence[str], max_tokens: int) -> list[Example]:
+    """Greedy answers from a LocalEngine to user messages, with the prompt ids vLLM itself
+    tokenized (chat template applied)."""
+    return [Example(c.prompt_token_ids, c.token_ids)
+            for c in engine.generate([engine.chat_prompt(p) for p in prompts], max_tokens)]

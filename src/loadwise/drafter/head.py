@@ -24,8 +24,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LAYER = "layers.0."
 META_FILE = "loadwise-drafter.json"
+# Checkpoint name (what vLLM's llama_eagle3 loads) -> this module's parameter; d2t is derived
+# from the draft vocabulary.
+VLLM_NAMES = {
+    "layers.0.input_layernorm.weight": "input_layernorm",
+    "layers.0.hidden_norm.weight": "hidden_norm",
+    "layers.0.self_attn.q_proj.weight": "q_proj.weight",
+    "layers.0.self_attn.k_proj.weight": "k_proj.weight",
+    "layers.0.self_attn.v_proj.weight": "v_proj.weight",
+    "layers.0.self_attn.o_proj.weight": "o_proj.weight",
+    "layers.0.post_attention_layernorm.weight": "post_attention_layernorm",
+    "layers.0.mlp.gate_proj.weight": "gate_proj.weight",
+    "layers.0.mlp.up_proj.weight": "up_proj.weight",
+    "layers.0.mlp.down_proj.weight": "down_proj.weight",
+    "norm.weight": "norm",
+    "lm_head.weight": "lm_head.weight",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,23 +173,10 @@ class EagleHead(nn.Module):
 
     # --- checkpoint -----------------------------------------------------------------------
     def vllm_state_dict(self) -> dict[str, torch.Tensor]:
-        p = LAYER
+        params = dict(self.named_parameters())
+        out = {name: params[own].detach().to(torch.float32).contiguous().clone()
+               for name, own in VLLM_NAMES.items()}
         ids = self.draft_ids
-        sd = {
-            p + "input_layernorm.weight": self.input_layernorm,
-            p + "hidden_norm.weight": self.hidden_norm,
-            p + "self_attn.q_proj.weight": self.q_proj.weight,
-            p + "self_attn.k_proj.weight": self.k_proj.weight,
-            p + "self_attn.v_proj.weight": self.v_proj.weight,
-            p + "self_attn.o_proj.weight": self.o_proj.weight,
-            p + "post_attention_layernorm.weight": self.post_attention_layernorm,
-            p + "mlp.gate_proj.weight": self.gate_proj.weight,
-            p + "mlp.up_proj.weight": self.up_proj.weight,
-            p + "mlp.down_proj.weight": self.down_proj.weight,
-            "norm.weight": self.norm,
-            "lm_head.weight": self.lm_head.weight,
-        }
-        out = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sd.items()}
         out["d2t"] = (ids - torch.arange(len(ids))).contiguous()
         return out
 
@@ -234,18 +236,8 @@ def load_head(head_dir: Path, target_cfg: dict[str, Any], embed: torch.Tensor) -
     sd = load_file(str(head_dir / "model.safetensors"))
     ids = sd["d2t"] + torch.arange(len(sd["d2t"]))
     head = EagleHead(HeadShape.from_config(target_cfg), ids, embed)
-    own = {k: v for k, v in head.vllm_state_dict().items() if k != "d2t"}
     params = dict(head.named_parameters())
-    by_vllm_name = {name: params[_param_name(name)] for name in own}
     with torch.no_grad():
-        for name, param in by_vllm_name.items():
-            param.copy_(sd[name])
+        for name, own in VLLM_NAMES.items():
+            params[own].copy_(sd[name])
     return head
-
-
-def _param_name(vllm_name: str) -> str:
-    """``layers.0.self_attn.q_proj.weight`` -> ``q_proj.weight``; norms are bare parameters."""
-    last = vllm_name.removeprefix(LAYER).split(".")
-    if last[-2].endswith("norm") or last[0] == "norm":
-        return last[-2]
-    return f"{last[-2]}.weight"

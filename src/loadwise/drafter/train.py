@@ -12,7 +12,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +56,7 @@ def select_vocab(examples: Sequence[Example], size: int, always: Sequence[int],
     return torch.tensor(sorted(chosen), dtype=torch.long), covered / max(total, 1)
 
 
-def make_batches(examples: Sequence[Example], hidden: Sequence[torch.Tensor],
-                 batch_tokens: int, seed: int) -> list[list[int]]:
+def make_batches(examples: Sequence[Example], batch_tokens: int, seed: int) -> list[list[int]]:
     """Example indices grouped by similar length so that padded size stays <= batch_tokens
     (one example per batch if it alone is longer), in a seeded order."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].token_ids))
@@ -170,7 +169,7 @@ def train_loop(head: EagleHead, examples: Sequence[Example], hidden: Sequence[to
     last_save = time.perf_counter()
     t0 = time.perf_counter() - state.elapsed_s
     for epoch in range(state.epoch, epochs):
-        groups = make_batches(examples, hidden, batch_tokens, seed + epoch)
+        groups = make_batches(examples, batch_tokens, seed + epoch)
         total = len(groups) * epochs
         for bi in range(state.batch if epoch == state.epoch else 0, len(groups)):
             i = epoch * len(groups) + bi
@@ -211,7 +210,7 @@ def evaluate_head(head: EagleHead, examples: Sequence[Example], hidden: Sequence
     right = [0] * num_steps
     counted = [0] * num_steps
     chains: list[torch.Tensor] = []
-    for idx in _iter_batches(examples, hidden, batch_tokens):
+    for idx in make_batches(examples, batch_tokens, seed=0):
         _, stats, chain = batch_loss(head, collate(examples, hidden, idx), num_steps, to_draft)
         for s, (r, c) in enumerate(stats):
             right[s] += r
@@ -224,7 +223,3 @@ def evaluate_head(head: EagleHead, examples: Sequence[Example], hidden: Sequence
             else None,
             "num_slots": len(chain_all)}
 
-
-def _iter_batches(examples: Sequence[Example], hidden: Sequence[torch.Tensor],
-                  batch_tokens: int) -> Iterator[list[int]]:
-    yield from make_batches(examples, hidden, batch_tokens, seed=0)

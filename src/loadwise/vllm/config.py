@@ -50,12 +50,11 @@ def speculative_config(spec_method: str, max_k: int, table: list[list[int]],
         for key, n in zip(("prompt_lookup_min", "prompt_lookup_max"), prompt_lookup):
             if n is not None:
                 cfg[key] = n
-    elif spec_method == "eagle":
-        cfg["method"] = eagle_method(draft_model) if draft_model is not None else "eagle"
-        if draft_model is not None:
-            cfg["model"] = draft_model
     else:
-        cfg["method"] = "draft_model"
+        if spec_method == "draft":
+            cfg["method"] = "draft_model"
+        else:
+            cfg["method"] = eagle_method(draft_model) if draft_model is not None else "eagle"
         if draft_model is not None:
             cfg["model"] = draft_model
     return cfg

@@ -33,6 +33,7 @@ class Completion:
     prompt: str
     text: str
     token_ids: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]  # the prompt as vLLM tokenized it
 
 
 class LocalEngine:
@@ -126,7 +127,8 @@ class LocalEngine:
             for out in self.step():
                 done[out.request_id] = out
         return [
-            Completion(p, done[i].outputs[0].text, tuple(done[i].outputs[0].token_ids))
+            Completion(p, done[i].outputs[0].text, tuple(done[i].outputs[0].token_ids),
+                       tuple(done[i].prompt_token_ids))
             for p, i in zip(prompts, ids)
         ]
 
