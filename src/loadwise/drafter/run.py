@@ -52,6 +52,9 @@ class DrafterConfig:
                                    f"(--num-examples {self.num_examples})")
         if not self.lr > 0:
             raise DrafterDataError(f"--lr must be > 0, got {self.lr}")
+        if not (Path(self.model) / "config.json").is_file():
+            raise DrafterDataError(f"--model {self.model} is not a model directory (no "
+                                   "config.json): give a Hugging Face-format model directory")
 
     def data_fingerprint(self) -> dict[str, Any]:
         """What the cached examples and hidden states depend on."""
@@ -166,7 +169,11 @@ def train_drafter(cfg: DrafterConfig, report: Report,
 def _claim(work: Path, cfg: DrafterConfig) -> None:
     """The work directory holds one set of examples and their hidden states: a run with other
     data settings is refused before anything is read or written there."""
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DrafterDataError(f"--out {cfg.out_dir}: cannot create {work} "
+                               f"({exc.strerror})") from exc
     path = work / "run.json"
     if path.is_file():
         try:
