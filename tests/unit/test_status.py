@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,3 +63,37 @@ def test_status_shows_estimates_once_warm(metrics_server, capsys) -> None:
     assert main(["status", "--url", url]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "warming up" not in out and "draft rate" in out and "0.4" in out
+
+
+def test_status_shows_the_draft_gate_exported_from_its_state_file(
+        metrics_server, capsys, tmp_path, monkeypatch) -> None:
+    """The engine's gate writes its state; the API server's stat logger turns it into gauges;
+    `loadwise status` reads them back from /metrics."""
+    import prometheus_client
+
+    from loadwise.policy.acceptance import AcceptanceEstimator
+    from loadwise.policy.gate import DraftGate
+    from loadwise.vllm.draft_gate import ENV_GATE_STATE, EngineGate
+    from loadwise.vllm.metrics import LoadwiseStatLogger
+
+    gate = DraftGate(AcceptanceEstimator.create(2), lambda b, x: 0.01, explore_every=0)
+    for accepted in (2, 0, 1, 2, 0, 1):
+        keep = gate.offer({"r": 2}, {"r": [0.2 + 0.3 * accepted, 0.5]})
+        gate.verified([("r", keep["r"], min(accepted, keep["r"]))])
+    state = tmp_path / "gate.json"
+    EngineGate(gate, str(state)).write_state(status="on")
+    monkeypatch.setenv(ENV_GATE_STATE, str(state))
+    monkeypatch.delenv("LOADWISE_STATE_FILE", raising=False)
+    LoadwiseStatLogger(None).refresh()
+    url, page = metrics_server
+    page[0] = prometheus_client.generate_latest().decode() + COMMON.split(
+        "loadwise_adaptive_up 1.0\n")[1]
+    assert main(["status", "--url", url]) == 0
+    # Table borders dropped: "│ AUC pooled │ 0.833 │" reads "AUC pooled 0.833".
+    out = " ".join(re.sub(r"[\u2500-\u257f]", " ", capsys.readouterr().out).split())
+    snap = gate.snapshot()
+    assert "draft gate: trimming" in out
+    assert f"AUC pooled {snap.auc:.3f}" in out
+    assert f"drafts scored {snap.offered_drafts}" in out
+    assert f"drafts kept {snap.kept_drafts}" in out
+    assert "calibration: predicted vs accepted" in out

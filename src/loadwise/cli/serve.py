@@ -40,6 +40,16 @@ def add_parser(sub: Any) -> None:
                        "default, and --adaptive's step times")
     serve.add_argument("--state-file", help="where the live controller writes its state "
                        "(default: live-state.json next to the profile)")
+    serve.add_argument("--estimate-acceptance", action="store_true",
+                       help="EAGLE/draft model: run the online acceptance estimator on every "
+                       "draft (the draft distribution's max probability, refitted from "
+                       "verification); its live AUC and calibration go to /metrics and "
+                       "`loadwise status`")
+    serve.add_argument("--trim", metavar="PROFILE",
+                       help="EAGLE/draft model: also cut each request's drafts each step to the "
+                       "prefix with the most expected tokens/s, under PROFILE's step times (a "
+                       "tune profile.json at this binding; one tuned with prompt lookup times "
+                       "verification alone). The table stays the upper bound")
     serve.add_argument("--kv-store", metavar="DIR",
                        help="keep KV blocks in loadwise's store in DIR (vLLM KV connector): a "
                        "chat's next turn and a restarted server load stored prefixes instead of "
@@ -88,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--disagg does not take --adaptive yet")
     if args.restart_dead_engines and not args.disagg:
         raise UsageError("--restart-dead-engines needs --disagg")
+    if args.disagg and (args.trim or args.estimate_acceptance):
+        raise UsageError("--disagg does not take --trim or --estimate-acceptance yet")
     if args.adaptive:
         from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
 
@@ -115,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
         invariant_mode.check_supported(on_cpu())
         spec = replace(spec, batch_invariant=True)
+    if args.trim or args.estimate_acceptance:
+        spec = replace(spec, draft_gate=_draft_gate(args, spec))
     if args.disagg:
         return _run_disagg(args, spec)
     if args.kv_store:
@@ -156,6 +170,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
+
+
+def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
+    """The gate's config, its trimming profile checked against this engine before it starts."""
+    import tempfile
+
+    from loadwise.vllm.config import DraftGateConfig
+    from loadwise.vllm.plugin import load_checked_profile
+
+    if args.trim:
+        load_checked_profile(args.trim, spec.max_k, spec.model, spec.cpu_binding)
+    state = Path(tempfile.gettempdir()) / f"loadwise-gate-{args.port}.json"
+    console.print(f"draft gate on ({'trimming by ' + args.trim if args.trim else 'estimating'}"
+                  f"), live state in {state}")
+    return DraftGateConfig(trim_profile=args.trim, state_file=str(state))
 
 
 TMP_STORE_GIB = 2.0  # the default --disagg store lives in memory (/dev/shm)

@@ -1,5 +1,5 @@
-"""`loadwise status`: a running server's live table, the controller's estimates and vLLM's
-speculative-decoding counters."""
+"""`loadwise status`: a running server's live table, the controller's estimates, the draft
+gate's online acceptance estimator and vLLM's speculative-decoding counters."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     samples = parse_samples(text)
     ks = samples.get("loadwise_draft_k", [])
     if not ks:
-        console.print("no loadwise gauges on this server: it runs without --adaptive "
+        console.print("no adaptive table on this server: it runs without --adaptive "
                       "(static table)")
     else:
         ranges = sorted((int(l["start_bs"]), int(l["end_bs"]), int(v)) for l, v in ks)
@@ -58,12 +58,51 @@ def run(args: argparse.Namespace) -> int:
         if warming:
             console.print(f"controller warming up ({drafts:.0f} of {needed:.0f} drafts): no "
                           "acceptance estimate or prediction yet; the start table is in force")
+    _print_gate(samples)
     c = spec_counters(text)
     rate = c.acceptance_rate
     console.print(f"vLLM counters: {c.num_drafts} drafts, {c.num_draft_tokens} draft tokens, "
                   f"{c.num_accepted_tokens} accepted"
                   + ("" if rate is None else f" ({rate:.1%})"))
     return 0
+
+
+def _print_gate(samples: Mapping[str, list[tuple[dict[str, str], float]]]) -> None:
+    """The draft gate's estimator and trimming, when the server runs one."""
+    from rich.table import Table
+
+    up = gauge(samples, "loadwise_gate_up")
+    if up is None:
+        return
+    trimming = gauge(samples, "loadwise_gate_trimming")
+    console.print(f"draft gate: [bold]{'trimming' if trimming else 'estimating only'}[/]"
+                  + ("" if up else " [red]FAILED: every draft goes to the table[/]"))
+    t = Table(title="online acceptance estimator (recent window)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    aucs = {labels["position"]: v for labels, v in samples.get("loadwise_acceptance_auc", [])}
+    for pos in sorted(aucs, key=lambda p: (p != "all", p)):
+        t.add_row("AUC pooled" if pos == "all" else f"AUC at position {pos}", f"{aucs[pos]:.3f}")
+    if not aucs:
+        t.add_row("AUC", "not yet (needs accepted and rejected drafts)")
+    for name, label in (("loadwise_acceptance_observed_requests", "request-steps observed"),
+                        ("loadwise_acceptance_refits", "refits"),
+                        ("loadwise_gate_offered_drafts", "drafts scored"),
+                        ("loadwise_gate_kept_drafts", "drafts kept")):
+        v = gauge(samples, name)
+        if v is not None:
+            t.add_row(label, f"{v:.0f}")
+    console.print(t)
+    pred = {l["bin"]: v for l, v in samples.get("loadwise_acceptance_calibration_predicted", [])}
+    acc = {l["bin"]: v for l, v in samples.get("loadwise_acceptance_calibration_accepted", [])}
+    n = {l["bin"]: v for l, v in samples.get("loadwise_acceptance_calibration_count", [])}
+    if pred:
+        cal = Table(title="calibration: predicted vs accepted")
+        for col in ("bin", "predicted", "accepted", "drafts"):
+            cal.add_column(col, justify="right")
+        for b in sorted(pred):
+            cal.add_row(b, f"{pred[b]:.3f}", f"{acc.get(b, 0.0):.3f}", f"{n.get(b, 0):.0f}")
+        console.print(cal)
 
 
 def gauge(samples: Mapping[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:

