@@ -1,0 +1,208 @@
+"""Per-request draft trimming inside vLLM against the table alone, on the same requests, and the
+online acceptance estimator's live AUC and calibration, through `loadwise serve`'s path.
+
+Servers (same spec otherwise: greedy, every core bound, k = 3, the trained EAGLE head):
+  * off: no speculation;
+  * table: the head at its table, with the draft gate estimating only (`--estimate-acceptance`:
+    every draft is verified as the table gives it; the estimator scores all of them, so its AUC
+    is over untrimmed traffic);
+  * trim: the head with `--trim PROFILE` (the newest prompt-lookup tune at this binding: its
+    drafter costs nothing, so its step times are the cost of verifying drafts).
+
+Jobs: a fixed set of held-out prompts (the built-in `sharegpt` workload, which no head trained
+on) sent at concurrency c, all to completion, temperature 0. The same job on each server in
+interleaved order (forward, then backward, per round). Per job: wall time, CPU time of the
+server's processes, output tokens, and vLLM's spec-decode counters; rejected verified drafts =
+draft tokens - accepted. Every output is compared with the off server's for the same prompt.
+
+Writes benchmarks/results/draft-trim-<time>.json and a calibration PNG beside it.
+Usage: python benchmarks/draft_trim.py --head DIR [--profile PATH] [--table JSON] [--rounds 3]
+       [--loads 1,8,32] [--max-tokens 96] [--enforce-eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+from acceptance_replay import newest_ngram_profile, plot
+from results_io import write_result
+
+from loadwise.drafter.run import read_meta
+from loadwise.measure.prom import fetch_metrics, spec_counters
+from loadwise.measure.serving import cpu_by_role, read_counters
+from loadwise.measure.workloads import resolve
+from loadwise.model import prepare
+from loadwise.provenance import provenance
+from loadwise.vllm.binding import ALL, CpuBinding
+from loadwise.vllm.config import DraftGateConfig, EngineSpec, parse_table_arg
+from loadwise.vllm.draft_gate import read_gate_state
+from loadwise.vllm.server import ServerProcess
+
+K = 3
+PROMPTS_PER_LOAD = {1: 6, 8: 24, 32: 64}
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int) -> str:
+    r = requests.post(f"{url}/v1/chat/completions", timeout=600, json={
+        "model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+        "max_tokens": max_tokens})
+    r.raise_for_status()
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+def job(server: ServerProcess, model: str, prompts: list[str], load: int,
+        max_tokens: int) -> dict[str, Any]:
+    spec0, gen0 = spec_counters(fetch_metrics(server.url)), read_counters(server.url)
+    cpu0 = cpu_by_role(server.pgid)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=load) as pool:
+        outs = list(pool.map(lambda p: complete(server.url, model, p, max_tokens), prompts))
+    wall_s = time.perf_counter() - t0
+    cpu1 = cpu_by_role(server.pgid)
+    spec = spec_counters(fetch_metrics(server.url)).minus(spec0)
+    tokens = read_counters(server.url).generation_tokens - gen0.generation_tokens
+    return {"wall_s": round(wall_s, 3), "output_tokens": tokens,
+            "tok_s": round(tokens / wall_s, 2),
+            "cpu_s": {r: round(cpu1.get(r, 0.0) - cpu0.get(r, 0.0), 2) for r in cpu1},
+            "num_drafts": spec.num_drafts, "num_draft_tokens": spec.num_draft_tokens,
+            "num_accepted_tokens": spec.num_accepted_tokens,
+            "rejected_draft_tokens": spec.num_draft_tokens - spec.num_accepted_tokens,
+            "accepted_per_pos": list(spec.accepted_per_pos), "outputs": outs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--profile", help="trimming's step times (default: newest ngram tune)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--loads", default="1,8,32")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--table", help="the head's draft-length table, inline JSON (default: k = 3 "
+                    "at every batch size); trimming keeps it as the upper bound")
+    ap.add_argument("--enforce-eager", action="store_true")
+    args = ap.parse_args()
+    profile = args.profile or str(newest_ngram_profile())
+    loads = [int(x) for x in args.loads.split(",")]
+    state_dir = Path(tempfile.mkdtemp(prefix="draft-trim-"))
+    base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=max(loads),
+                      kv_cache_space_gib=2, enforce_eager=args.enforce_eager,
+                      cpu_binding=CpuBinding.parse(ALL))
+    eagle = dataclasses.replace(base, spec_method="eagle", max_k=K, draft_model=args.head,
+                                table=parse_table_arg(args.table, K))
+    specs = {
+        "off": base,
+        "table": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
+            state_file=str(state_dir / "table.json"))),
+        "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
+            trim_profile=profile, state_file=str(state_dir / "trim.json"))),
+    }
+    names = list(specs)
+    made_by = provenance()
+    workload = resolve("sharegpt")
+    model = Path(base.model).name
+    servers: dict[str, ServerProcess] = {}
+    jobs: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    try:
+        for n in names:  # one at a time: a start compiles, and two would share the cores
+            servers[n] = ServerProcess(specs[n]).start(timeout_s=900)
+            print(f"[{time.perf_counter() - t0:5.0f} s] server up: {n}", flush=True)
+        start = 0
+        job_prompts = {}
+        for load in loads:
+            n_p = PROMPTS_PER_LOAD.get(load, 2 * load)
+            job_prompts[load] = [workload.prompts[(start + i) % len(workload.prompts)]
+                                 for i in range(n_p)]
+            start += n_p
+        for r in range(args.rounds):
+            for load in loads:
+                for n in names if (r + loads.index(load)) % 2 == 0 else names[::-1]:
+                    j = job(servers[n], model, job_prompts[load], load, args.max_tokens)
+                    jobs.append({"server": n, "load": load, "round": r, "order": len(jobs), **j})
+                    print(f"[{time.perf_counter() - t0:5.0f} s] {n} c={load} r={r}: "
+                          f"{j['tok_s']} tok/s, drafts {j['num_draft_tokens']}, accepted "
+                          f"{j['num_accepted_tokens']}, cpu {j['cpu_s']}", flush=True)
+        gate_states = {n: read_gate_state(str(state_dir / f"{n}.json")) for n in ("table", "trim")}
+    finally:
+        for s in servers.values():
+            s.stop()
+    summary = summarize(jobs, loads, args.rounds)
+    for load, row in summary.items():
+        print(load, row)
+    table_gate = gate_states["table"] or {}
+    print("live estimator (table server):", {k: table_gate.get(k) for k in
+                                             ("auc", "auc_per_position", "observed_requests")})
+    path = write_result("draft-trim", {
+        **made_by, "binding": base.cpu_binding.to_json(),
+        "config": {**vars(args), "profile": profile, "k": K, "prompts_per_load":
+                   {str(c): len(v) for c, v in job_prompts.items()},
+                   "workload": "sharegpt (held out)",
+                   "table": eagle.effective_table().to_vllm() if eagle.effective_table() else None,
+                   "engine": {"max_num_seqs": base.max_num_seqs,
+                              "enforce_eager": args.enforce_eager}},
+        "head": read_meta(args.head), "gate_states": gate_states,
+        "jobs": jobs, "summary": summary, "wall_s": round(time.perf_counter() - t0, 1)})
+    if table_gate.get("calibration"):
+        plot(table_gate["calibration"], path.with_suffix(".png"),
+             f"live estimator in vLLM, AUC {table_gate['auc']:.3f} "
+             f"({table_gate['window']} verified drafts)")
+    print(f"wrote {path}")
+
+
+def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict[str, Any]:
+    """Per load: trimming's rejected and accepted drafts against the table's (counts pooled
+    over rounds), its tok/s and worker CPU over the table's round by round, and greedy identity
+    of every output against no speculation's."""
+    out: dict[str, Any] = {}
+    for load in loads:
+        mine = {n: [j for j in jobs if j["server"] == n and j["load"] == load]
+                for n in ("off", "table", "trim")}
+
+        def total(n: str, key: str, m: dict[str, list[dict[str, Any]]] = mine) -> int:
+            return sum(j[key] for j in m[n])
+
+        def ratio(a: str, b: str, key: str,
+                  m: dict[str, list[dict[str, Any]]] = mine) -> list[float]:
+            return [round(x[key] / y[key], 3) for r in range(rounds)
+                    for x in m[a] if x["round"] == r for y in m[b] if y["round"] == r]
+
+        def cpu_ratio(m: dict[str, list[dict[str, Any]]] = mine) -> list[float]:
+            return [round(x["cpu_s"].get("worker", 0) / max(y["cpu_s"].get("worker", 0), 1e-9),
+                          3) for r in range(rounds)
+                    for x in m["trim"] if x["round"] == r for y in m["table"] if y["round"] == r]
+
+        identity = {}
+        for n in ("table", "trim"):
+            pairs = [(a, b) for r in range(rounds) for x in mine[n] if x["round"] == r
+                     for y in mine["off"] if y["round"] == r
+                     for a, b in zip(x["outputs"], y["outputs"])]
+            identity[n] = {"identical": sum(a == b for a, b in pairs), "of": len(pairs)}
+        rej_table, rej_trim = total("table", "rejected_draft_tokens"), total(
+            "trim", "rejected_draft_tokens")
+        acc_table, acc_trim = total("table", "num_accepted_tokens"), total(
+            "trim", "num_accepted_tokens")
+        out[str(load)] = {
+            "rejected_table": rej_table, "rejected_trim": rej_trim,
+            "rejected_cut": round(1 - rej_trim / rej_table, 4) if rej_table else None,
+            "accepted_table": acc_table, "accepted_trim": acc_trim,
+            "accepted_kept": round(acc_trim / acc_table, 4) if acc_table else None,
+            "trim_over_table_tok_s_per_round": ratio("trim", "table", "tok_s"),
+            "table_over_off_tok_s_per_round": ratio("table", "off", "tok_s"),
+            "trim_over_table_worker_cpu_per_round": cpu_ratio(),
+            "median_tok_s": {n: statistics.median(j["tok_s"] for j in mine[n])
+                             for n in mine if mine[n]},
+            "greedy_identity_vs_off": identity,
+        }
+    return out
+
+
+if __name__ == "__main__":
+    main()
