@@ -41,11 +41,12 @@ def simulate(est: AcceptanceEstimator, n: int, seed: int) -> list[tuple[float, i
     return truth
 
 
-def test_converges_to_the_logistic_law_that_made_the_data() -> None:
-    # Each refit is one Newton step on the requests since the last one: its estimate is as
-    # precise as that window is large.
+@pytest.mark.parametrize("fit_window", [0, 20_000])
+def test_converges_to_the_logistic_law_that_made_the_data(fit_window: int) -> None:
+    # Each refit is one Newton step on the requests since the last one (fit_window 0) or on the
+    # last fit_window labelled drafts: its estimate is as precise as that window is large.
     # Position 3 is verified only after two acceptances: its intercept rests on the least data.
-    est = AcceptanceEstimator.create(3, refit_every=5000)
+    est = AcceptanceEstimator.create(3, refit_every=5000, fit_window=fit_window)
     simulate(est, 50_000, seed=1)
     assert est.num_refits == 10
     assert est.slope == pytest.approx(TRUE_SLOPE, abs=0.1)
@@ -113,7 +114,7 @@ def test_refits_stay_bounded_and_finite(obs, every) -> None:
 
 
 def test_refit_clears_its_statistics() -> None:
-    est = AcceptanceEstimator.create(2, refit_every=5)
+    est = AcceptanceEstimator.create(2, refit_every=5, fit_window=0)
     for _ in range(5):
         est.observe([0.9, 0.2], 1)
     assert est.num_refits == 1
@@ -159,3 +160,18 @@ def test_calibration_bins_count_and_average() -> None:
     assert [(b.lo, b.count) for b in bins] == [(0.0, 1), (0.1, 2), (0.9, 1)]
     assert bins[1].mean_predicted == pytest.approx(0.135)
     assert bins[1].accepted_share == 0.5
+
+
+def test_windowed_refits_reach_the_window_s_own_fit() -> None:
+    """Refitting the same window again moves the parameters less each time (Newton steps
+    towards that window's maximum likelihood), where the one-step scheme would not move."""
+    est = AcceptanceEstimator.create(3, refit_every=10**9, fit_window=3000)
+    simulate(est, 3000, seed=5)
+    moves = []
+    for _ in range(5):
+        before = [est.slope, *est.bias]
+        est.refit()
+        moves.append(max(abs(a - b) for a, b in zip(before, [est.slope, *est.bias])))
+    assert moves[0] > 0.05
+    assert moves[-1] < 1e-4
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(moves))

@@ -10,7 +10,11 @@ Labels come from verification alone: the accepted positions are 1, the first rej
 0, and the positions after it are censored (never verified on their own, so not used).
 Statistics for a Newton step (IRLS) accumulate over observations; every ``refit_every``
 observed requests one damped, ridge-regularized Newton step is taken and the statistics are
-cleared, so each refit costs O(K^2) whatever the traffic and old traffic fades out.
+cleared, so each refit costs O(K^2) whatever the traffic and old traffic fades out (vLLM's
+scheme). With ``fit_window`` > 0 a refit instead takes ``newton_iters`` Newton steps on the
+last ``fit_window`` labelled drafts, each step's statistics computed at the current
+parameters: a fit to recent traffic rather than one step from the last 100 requests, at
+O(fit_window) per refit.
 
 Pure Python: the same object runs in the engine, in replays and in tests.
 """
@@ -53,12 +57,16 @@ class EstimatorConfig:
     ridge: float = 1e-2
     damping: float = 1.0  # Newton step multiplier
     window: int = 4096  # (prediction, label) pairs kept for the live AUC and calibration
+    fit_window: int = 2048  # labelled drafts a refit fits (0: vLLM's one step, then clear)
+    newton_iters: int = 1  # Newton steps per refit with fit_window
 
     def __post_init__(self) -> None:
         if self.num_positions < 1:
             raise EstimatorError(f"num_positions must be >= 1, got {self.num_positions}")
         if self.refit_every < 1 or self.window < 1:
             raise EstimatorError("refit_every and window must be >= 1")
+        if self.fit_window < 0 or self.newton_iters < 1:
+            raise EstimatorError("fit_window must be >= 0 and newton_iters >= 1")
         if not 0 < self.damping <= 1 or self.ridge < 0:
             raise EstimatorError("damping must be in (0, 1] and ridge >= 0")
 
@@ -77,6 +85,8 @@ class AcceptanceEstimator:
     _since_refit: int = 0
     # (probability predicted before the outcome was known, label, position) for live metrics.
     recent: deque[tuple[float, int, int]] = field(default_factory=deque)
+    # (feature, label, position) of the last fit_window labelled drafts (fit_window > 0).
+    _rows: deque[tuple[float, int, int]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         k = self.config.num_positions
@@ -86,6 +96,7 @@ class AcceptanceEstimator:
         if len(self.bias) != k:
             raise EstimatorError(f"{len(self.bias)} intercepts for {k} positions")
         self.recent = deque(self.recent, maxlen=self.config.window)
+        self._rows = deque(self._rows, maxlen=max(self.config.fit_window, 1))
         self._clear()
 
     @classmethod
@@ -123,7 +134,11 @@ class AcceptanceEstimator:
             label = 1 if j <= num_accepted else 0
             p = self.probability(j, q)
             self.recent.append((p, label, j))
-            self._accumulate(min(j, self.config.num_positions), logit_feature(q), label, p)
+            position = min(j, self.config.num_positions)
+            if self.config.fit_window:
+                self._rows.append((logit_feature(q), label, position))
+            else:
+                self._accumulate(position, logit_feature(q), label, p)
         self.num_observed += 1
         self._since_refit += 1
         if self._since_refit >= self.config.refit_every:
@@ -139,10 +154,22 @@ class AcceptanceEstimator:
                 self._hess[idx[a]][idx[b]] += w * x[a] * x[b]
 
     def refit(self) -> None:
-        """One damped Newton step on the statistics gathered since the last refit (a ridge on
-        the Hessian keeps it defined when a position has no data, and leaves that position
-        where it was); the slope stays >= 0 (a more confident
+        """Damped Newton steps (a ridge on the Hessian keeps it defined when a position has no
+        data, and leaves that position where it was); the slope stays >= 0 (a more confident
         drafter is never modelled as less likely to be accepted); statistics are cleared."""
+        if self.config.fit_window:
+            for _ in range(self.config.newton_iters):
+                self._clear()
+                for f, label, position in self._rows:
+                    p = sigmoid(self.slope * f + self.bias[position - 1])
+                    self._accumulate(position, f, label, p)
+                self._newton_step()
+        else:
+            self._newton_step()
+        self.num_refits += 1
+        self._clear()
+
+    def _newton_step(self) -> None:
         n = self.config.num_positions + 1
         params = [self.slope, *self.bias]
         hess = [[self._hess[i][j] + (self.config.ridge if i == j else 0.0) for j in range(n)]
@@ -155,8 +182,6 @@ class AcceptanceEstimator:
             if all(math.isfinite(v) for v in new):
                 self.slope = max(new[0], 0.0)
                 self.bias = new[1:]
-        self.num_refits += 1
-        self._clear()
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
