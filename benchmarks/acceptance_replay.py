@@ -10,7 +10,9 @@ target produced a token is one drafting step of k = MAX_K drafts.
 
 * Estimator: requests arrive in order; each drafting step is predicted before its outcome is
   observed (prequential), so every prediction is held out. Feature: the head's draft
-  distribution's largest probability at each position, known before the token is drawn.
+  distribution's largest probability at each position, known before the token is drawn. Run
+  twice: with loadwise's refits (the last 2,048 labelled drafts) and with vLLM's (one Newton
+  step on the last 100 requests).
 * Trimming: drafting steps grouped into batches of b; `policy.trim` keeps a prefix of each
   request's drafts with the estimator's survival and the verification cost T(b, drafts) of a
   tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing).
@@ -99,8 +101,10 @@ def mean_accepted(steps: list[tuple[list[float], int]]) -> dict[str, float]:
             "num_drafting_steps": len(steps), "num_accepted": accepted}
 
 
-def replay_estimator(steps: list[tuple[list[float], int]]) -> tuple[dict[str, Any], Any]:
-    est = AcceptanceEstimator.create(MAX_K)
+def replay_estimator(steps: list[tuple[list[float], int]],
+                     fit_window: int | None = None) -> tuple[dict[str, Any], Any]:
+    est = (AcceptanceEstimator.create(MAX_K) if fit_window is None
+           else AcceptanceEstimator.create(MAX_K, fit_window=fit_window))
     preds: list[tuple[float, int, int, int]] = []  # (p, label, position, step index)
     for idx, (feats, accepted) in enumerate(steps):
         for j in range(1, min(accepted + 1, len(feats)) + 1):
@@ -208,6 +212,9 @@ def main() -> None:
     print("accepted drafts per drafting step:", heads)
     estimator, _ = replay_estimator(steps)
     print({k: v for k, v in estimator.items() if k != "calibration"})
+    # vLLM's fitting scheme (one Newton step on the last 100 requests, then clear), same model.
+    one_step, _ = replay_estimator(steps, fit_window=0)
+    print("one-step refits:", {k: v for k, v in one_step.items() if k != "calibration"})
     profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
     trimming = None
     if profile_path is not None:
@@ -219,7 +226,8 @@ def main() -> None:
         **made_by, "binding": BINDING.to_json(), "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
-        "accepted_per_drafting_step": heads, "estimator": estimator, "trimming": trimming,
+        "accepted_per_drafting_step": heads, "estimator": estimator,
+        "estimator_one_step_refits": one_step, "trimming": trimming,
         "raw_steps": [[[round(q, 5) for q in f], a] for f, a in steps],
         "wall_s": round(time.perf_counter() - t0, 1)})
     plot(estimator["calibration"], path.with_suffix(".png"),

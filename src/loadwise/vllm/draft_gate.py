@@ -28,6 +28,7 @@ from loadwise.policy.acceptance import AcceptanceEstimator
 from loadwise.policy.gate import DraftGate
 from loadwise.vllm import compat
 from loadwise.vllm.draft_features import features_of
+from loadwise.vllm.state_file import read_state_file, write_state_file
 
 logger = logging.getLogger("loadwise.gate")
 
@@ -124,21 +125,11 @@ class EngineGate:
             return
         state = {"status": status, "updated_s": time.time(), "busy_s": self.busy_s,
                  **self.gate.snapshot().to_json()}
-        tmp = f"{self.state_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.state_path)
+        write_state_file(self.state_path, state)
 
 
 def read_gate_state(path: str | None = None) -> dict[str, Any] | None:
-    p = path or os.environ.get(ENV_GATE_STATE)
-    if not p:
-        return None
-    try:
-        with open(p) as f:
-            return json.load(f)  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
+    return read_state_file(path, ENV_GATE_STATE)
 
 
 def attach_gate(scheduler: Any) -> None:

@@ -33,6 +33,7 @@ from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, Adapti
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm import compat
 from loadwise.vllm.binding import BindingError, CpuBinding, binding_from_env, check_profile_binding
+from loadwise.vllm.state_file import read_state_file, write_state_file
 
 logger = logging.getLogger("loadwise.plugin")
 
@@ -253,10 +254,7 @@ class AdaptiveObserver:
             "observer_calls": self.calls,
             "config": asdict(ctrl.cfg),  # what the controller really runs with
         }
-        tmp = f"{self.state_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.state_path)
+        write_state_file(self.state_path, state)
 
 
 def attach_controller(scheduler: Any) -> None:
@@ -294,11 +292,4 @@ def attach_controller(scheduler: Any) -> None:
 
 
 def read_state(path: str | None = None) -> dict[str, Any] | None:
-    p = path or os.environ.get(ENV_STATE)
-    if not p:
-        return None
-    try:
-        with open(p) as f:
-            return json.load(f)  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
+    return read_state_file(path, ENV_STATE)
