@@ -13,6 +13,8 @@ target produced a token is one drafting step of k = MAX_K drafts.
   distribution's largest probability at each position, known before the token is drawn. Run
   twice: with loadwise's refits (the last 2,048 labelled drafts) and with vLLM's (one Newton
   step on the last 100 requests).
+* What the features allow: batch logistic fits on the first half of the steps, AUC on the
+  second, for the max probability alone and with the top-2 margin and the entropy.
 * Trimming: drafting steps grouped into batches of b; `policy.trim` keeps a prefix of each
   request's drafts with the estimator's survival and the verification cost T(b, drafts) of a
   tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing).
@@ -24,6 +26,7 @@ Usage: python benchmarks/acceptance_replay.py --head DIR [--prompts 96] [--profi
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ from loadwise.drafter.train import collate, draft_index
 from loadwise.measure.profile import Profile, ProfileError
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
-from loadwise.policy.acceptance import AcceptanceEstimator, auc, calibration
+from loadwise.policy.acceptance import AcceptanceEstimator, auc, calibration, logit_feature
 from loadwise.policy.trim import trim
 from loadwise.provenance import provenance
 from loadwise.vllm.binding import ALL, CpuBinding
@@ -63,10 +66,12 @@ def greedy_examples(model: str, prompts: list[str], max_tokens: int) -> list[Exa
 
 
 @torch.no_grad()
-def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor]
+def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor],
+                   extras: list[list[tuple[float, float]]] | None = None
                    ) -> list[tuple[list[float], int]]:
     """Per drafting step: the draft distribution's max probability at positions 1..MAX_K and
-    how many drafts greedy verification accepts."""
+    how many drafts greedy verification accepts. ``extras``, when given, gets per step the
+    second-largest probability and the entropy of each position's distribution."""
     to_draft = draft_index(head)
     steps: list[tuple[list[float], int]] = []
     for i, ex in enumerate(examples):
@@ -76,13 +81,17 @@ def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor
         start = len(ex.prompt_ids)
         probs = [F.softmax(head.lm_head(o[0]), dim=-1) for o in outs]  # [L, draft vocab]
         qmax = [p.max(-1) for p in probs]
+        second = [p.topk(2, dim=-1).values[:, 1] for p in probs]
+        entropy = [-(p * torch.log(p.clamp_min(1e-12))).sum(-1) for p in probs]
         for t in range(start - 1, n - 2):  # token t + 1 is an answer token, t + 2 exists
             feats, accepted, alive = [], 0, True
+            more: list[tuple[float, float]] = []
             for s in range(MAX_K):
                 label_pos = t + s + 2
                 if label_pos >= n:
                     break
                 feats.append(float(qmax[s].values[t]))
+                more.append((float(second[s][t]), float(entropy[s][t])))
                 want = int(to_draft[ex.token_ids[label_pos]])
                 right = want >= 0 and int(qmax[s].indices[t]) == want
                 if alive and right:
@@ -90,7 +99,47 @@ def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor
                 else:
                     alive = False
             steps.append((feats, accepted))
+            if extras is not None:
+                extras.append(more)
     return steps
+
+
+FEATURE_SETS = {"max_prob": (), "max_prob+margin": ("margin",),
+                "max_prob+entropy": ("entropy",), "max_prob+margin+entropy": ("margin", "entropy")}
+
+
+def feature_ceiling(steps: list[tuple[list[float], int]],
+                    extras: list[list[tuple[float, float]]]) -> dict[str, Any]:
+    """What the features allow, fitting aside: a logistic model (per-position intercepts) fitted
+    to convergence on the first half of the steps' labelled drafts, AUC on the second half.
+    Features: logit of the max probability; log(max / second) (margin); entropy."""
+    import numpy as np
+
+    rows: list[tuple[int, int, float, float, float, int]] = []
+    for idx, ((feats, accepted), more) in enumerate(zip(steps, extras)):
+        for j in range(1, min(accepted + 1, len(feats)) + 1):
+            q1, (q2, ent) = feats[j - 1], more[j - 1]
+            rows.append((idx, j, q1, q2, ent, int(j <= accepted)))
+    y = np.array([r[5] for r in rows], dtype=float)
+    train = np.array([r[0] < len(steps) // 2 for r in rows])
+    out: dict[str, Any] = {}
+    for name, extra in FEATURE_SETS.items():
+        cols = [[logit_feature(r[2]) for r in rows]]
+        if "margin" in extra:
+            cols.append([math.log(max(r[2], 1e-6) / max(r[3], 1e-6)) for r in rows])
+        if "entropy" in extra:
+            cols.append([r[4] for r in rows])
+        cols += [[float(r[1] == j) for r in rows] for j in range(1, MAX_K + 1)]
+        x = np.array(cols).T
+        w = np.zeros(x.shape[1])
+        for _ in range(30):  # Newton's method, a small ridge for the rare position
+            p = 1 / (1 + np.exp(-x[train] @ w))
+            hess = (x[train] * (p * (1 - p))[:, None]).T @ x[train] + 1e-2 * np.eye(x.shape[1])
+            w += np.linalg.solve(hess, x[train].T @ (y[train] - p))
+        pred = (1 / (1 + np.exp(-x[~train] @ w))).tolist()
+        out[name] = {"auc_second_half": auc(list(zip(pred, y[~train].astype(int).tolist()))),
+                     "weights": [round(v, 4) for v in w.tolist()]}
+    return out
 
 
 def mean_accepted(steps: list[tuple[list[float], int]]) -> dict[str, float]:
@@ -204,7 +253,8 @@ def main() -> None:
     hidden = hidden_states(lm, examples, Path(f"/tmp/acceptance-replay-{time.time_ns()}"),
                            lambda n: None)
     head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
-    steps = drafting_steps(head, examples, hidden)
+    extras: list[list[tuple[float, float]]] = []
+    steps = drafting_steps(head, examples, hidden, extras)
     heads = {"head": mean_accepted(steps)}
     if args.compare_head:
         other = load_head(Path(args.compare_head), target_cfg, weights["model.embed_tokens.weight"])
@@ -215,6 +265,9 @@ def main() -> None:
     # vLLM's fitting scheme (one Newton step on the last 100 requests, then clear), same model.
     one_step, _ = replay_estimator(steps, fit_window=0)
     print("one-step refits:", {k: v for k, v in one_step.items() if k != "calibration"})
+    ceiling = feature_ceiling(steps, extras)
+    print("batch fits, AUC on the second half:",
+          {n: round(v["auc_second_half"], 4) for n, v in ceiling.items()})
     profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
     trimming = None
     if profile_path is not None:
@@ -227,7 +280,7 @@ def main() -> None:
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
         "accepted_per_drafting_step": heads, "estimator": estimator,
-        "estimator_one_step_refits": one_step, "trimming": trimming,
+        "estimator_one_step_refits": one_step, "feature_ceiling": ceiling, "trimming": trimming,
         "raw_steps": [[[round(q, 5) for q in f], a] for f, a in steps],
         "wall_s": round(time.perf_counter() - t0, 1)})
     plot(estimator["calibration"], path.with_suffix(".png"),
