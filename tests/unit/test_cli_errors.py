@@ -16,6 +16,10 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
     (["serve", "--max-k", "2", "--table", "[[1, 8, 3]]"], "above the engine's max k=2"),
     (["serve", "--spec-method", "none", "--table", "[[1, 8, 1]]"], "--table needs speculation"),
     (["serve", "--adaptive"], "--adaptive needs --profile"),
+    (["serve", "--estimate-acceptance"], ("the draft gate scores drafts by the drafter's own "
+                                          "distribution: it needs --spec-method draft or eagle, "
+                                          "not ngram")),
+    (["serve", "--disagg", "--trim", str(PROFILE)], "--disagg does not take --trim"),
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
@@ -180,3 +184,13 @@ def test_parser_defaults_are_the_configs_defaults() -> None:
             e.confirm_rounds, e.confirm_max_rounds, e.target_loss) == (
         ec.loads, ec.repeats, ec.duration_s, ec.warmup_s, ec.max_tokens, ec.retime_rounds,
         ec.confirm_rounds, ec.confirm_max_rounds, ec.target_loss)
+
+
+def test_trimming_step_times_at_another_binding_are_refused(tmp_path: Path, capsys) -> None:
+    profile = _profile_at(tmp_path, "0-1")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    assert main(["serve", "--spec-method", "eagle", "--draft-model", str(head), "--max-k", "3",
+                 "--trim", str(profile), "--cpu-binding", "auto"]) == 2
+    assert "measured at 0-1" in " ".join(capsys.readouterr().err.split())
