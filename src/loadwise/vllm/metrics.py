@@ -91,7 +91,8 @@ class LoadwiseStatLogger(StatLoggerBase):
             self.refresh()
         except Exception:
             self.broken = True
-            logger.exception("loadwise: cannot export adaptive-table metrics; exporter off")
+            logger.exception("loadwise: cannot export loadwise's metrics (adaptive table, draft "
+                             "gate); exporter off")
 
     def refresh(self) -> None:
         if self.gate_path:
