@@ -82,6 +82,39 @@ def test_a_corrupt_stored_block_is_recomputed_and_the_answer_does_not_change(
         "checksum mismatch"}
 
 
+def test_a_prefix_split_between_vllms_cache_and_the_store_loads_each_block_into_its_own_slot(
+        model_dir: str, tmp_path: Path) -> None:
+    """The usual later turn: vLLM evicts a prefix's tail first, so its head is still cached
+    and only the tail comes from the store. Every loaded block must land after the cached
+    ones, or the tail is decoded on unfilled memory."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    store = tmp_path / "store"
+    engine = _engine(model_dir, store)
+    bs = 128
+    try:
+        ids = engine.tokenizer(engine.chat_prompt(PROMPT * 2))["input_ids"][:5 * bs + 20]  # type: ignore[attr-defined]
+        assert len(ids) == 5 * bs + 20
+
+        def run(prompt: list[int]) -> tuple[tuple[int, ...], int]:
+            out = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)],  # type: ignore[attr-defined]
+                                      SamplingParams(max_tokens=24, temperature=0))[0]
+            return tuple(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
+
+        reference, _ = run(ids)
+        engine.llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        run(ids[:2 * bs + 10])  # vLLM caches 2 blocks again, loaded from the store
+        loaded_before = read_stats(store)["worker"]["blocks_loaded"]
+        tokens, cached = run(ids)  # 2 blocks from vLLM's cache, 3 from the store
+    finally:
+        engine.shutdown()  # type: ignore[attr-defined]
+    assert cached == 5 * bs
+    worker = read_stats(store)["worker"]
+    assert worker["blocks_loaded"] - loaded_before == 3 and worker["load_errors"] == 0
+    assert tokens == reference
+
+
 def test_the_memory_tier_serves_a_prefix_vllm_evicted_and_tiered_demotes_to_the_files(
         model_dir: str, tmp_path: Path) -> None:
     store = tmp_path / "store"

@@ -120,6 +120,9 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._save_failed = False
         self._step_t0: float | None = None
         self._unplanned: dict[str, list[int]] = {}  # request -> promised blocks with no plan
+        # request -> its tokens in vLLM's own prefix cache, as the last lookup was told: a new
+        # request's ``num_computed_tokens`` is still 0 when its blocks are allocated.
+        self._local_tokens: dict[str, int] = {}
         self._logged_failure = False
         self._reported: dict[str, Any] = {}
         self._reported_at = -math.inf
@@ -154,6 +157,7 @@ class FlatKVConnector(KVConnectorBase_V1):
             c.handoff_blocks += usable
             c.handoff_blocks_missing += max(0, usable - (num_computed_tokens + n) // self.block_size)
         c.lookup_s += time.perf_counter() - t0
+        self._local_tokens[request.request_id] = num_computed_tokens
         # False: the load is synchronous, so vLLM calls start_load_kv before the forward of
         # the step that needs the blocks (an asynchronous one is started after it).
         return n, False
@@ -161,17 +165,18 @@ class FlatKVConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
         block_ids = compat.allocated_block_ids(blocks)
+        local = self._local_tokens.pop(request.request_id, request.num_computed_tokens)
         try:
             session_id = _transfer_params(request).get("session_id")
             self.planner.allocated(request.request_id, compat.request_block_hashes(request),
-                                   block_ids, request.num_computed_tokens, num_external_tokens,
+                                   block_ids, local, num_external_tokens,
                                    None if session_id is None else str(session_id))
         except Exception:  # noqa: BLE001 (logged once in _log_once; never raised into vLLM)
             # vLLM counts the promised tokens as loaded: their blocks must be reported as
             # load errors, or they would be used unfilled.
             self._log_once("planning a request's loads failed; its blocks are recomputed")
-            first = request.num_computed_tokens // self.block_size
-            end = (request.num_computed_tokens + num_external_tokens) // self.block_size
+            first = local // self.block_size
+            end = (local + num_external_tokens) // self.block_size
             self._unplanned.setdefault(request.request_id, []).extend(block_ids[first:end])
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -211,6 +216,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         # Saves are staged inside the step that computed the block: nothing is left to read
         # from vLLM's blocks once a request finishes.
         self.planner.finished(request.request_id)
+        self._local_tokens.pop(request.request_id, None)
         if not _transfer_params(request).get("do_remote_decode"):
             return False, None
         # A prefill for another engine: what it needs to decode on this prompt's stored blocks.
