@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from loadwise.kv.connector_stats import read_stats
@@ -93,6 +94,63 @@ def test_disaggregated_requests_decode_on_the_prefills_blocks_as_one_engine_woul
     # Turn 2's prefill found the blocks decode completed in turn 1 (its prompt's it had).
     assert got["prefill-scheduler"]["hit_blocks"] >= (len(turn1) + 63) // BLOCK - len(turn1) // BLOCK
     assert got["prefill-scheduler"]["hit_blocks"] >= 1
+
+
+def _wait_idle(engines: dict[str, str], timeout_s: float = 60.0) -> list[float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = [_gauge(u, "vllm:num_requests_running") + _gauge(u, "vllm:kv_cache_usage_perc")
+                for u in engines.values()]
+        if busy == [0, 0] or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.5)
+
+
+def test_pulled_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leaks_nothing(
+        engine, tmp_path: Path) -> None:
+    """--handoff pull: decode reads the prefill's blocks over TCP (each transfer held up 1.5 s
+    after prefill started sending, so a client can leave while it is in flight)."""
+    store = tmp_path / "store"
+    prompts = [engine.chat_prompt(p * 20) for p in builtin("sharegpt").head(3)]
+    prompts.append("The capital of France is")  # no full block: nothing to pull
+    tok = engine.llm.get_tokenizer()
+    proc, url, _ = _start_serve(
+        tmp_path, "--disagg", "--handoff", "pull", "--spec-method", "none",
+        "--kv-store", str(store),
+        env_extra={"LOADWISE_PULL_FAULTS": json.dumps({"delay_s": [1.5, 1.5]})})
+    try:
+        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
+        texts = []
+        for p in prompts:
+            r = _post(url, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 32,
+                                               "temperature": 0})
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+        # A client that leaves while decode is still reading the blocks (prefilling its 2-3
+        # blocks takes well under the 0.8 s it waits; the transfer takes 1.5 s more).
+        left = engine.chat_prompt("Tell me about rivers. " * 60)
+        with pytest.raises(requests.Timeout):
+            requests.post(f"{url}/v1/completions", timeout=(5, 0.8), json={
+                "model": model, "prompt": left, "max_tokens": 16})
+        busy = _wait_idle(engines)
+        stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+    finally:
+        _stop(proc)
+    assert busy == [0, 0]  # both engines freed every block, the aborted request's included
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    assert texts == [c.text for c in engine.generate(prompts, max_tokens=32)]
+    assert stats["completed"] == 4 and stats["no_transfer_params"] == 0
+    got = read_stats(store)
+    handed = sum((len(tok.encode(p)) - 1) // BLOCK for p in prompts)
+    # The abandoned request's blocks were pulled too: the client left mid-transfer, and decode
+    # kept their slots until the read ended.
+    assert got["decode-worker"]["blocks_pulled"] == handed + (len(tok.encode(left)) - 1) // BLOCK
+    assert handed > 0 and got["decode-worker"]["pull_failed_blocks"] == 0
+    assert got["prefill-worker"]["leases_expired"] == 0  # every read was acknowledged
+    assert got["decode-worker"]["blocks_loaded"] == 0  # pulled, not read from the store
+    assert got["prefill-worker"]["blocks_served"] >= handed
+    assert got["prefill-scheduler"]["held_requests"] >= 4
 
 
 def test_refused_and_abandoned_requests_leave_both_engines_empty(engine, tmp_path: Path) -> None:

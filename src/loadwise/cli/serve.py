@@ -69,6 +69,11 @@ def add_parser(sub: Any) -> None:
                        "each on half the cores (--cpu-binding's, else all), hand KV over through "
                        "the --kv-store (default: a temporary store in /dev/shm), behind one "
                        "OpenAI API at --port")
+    serve.add_argument("--handoff", default="store", choices=("store", "pull"),
+                       help="--disagg: how prefill's KV reaches decode: store (written to the "
+                       "--kv-store, loaded by decode; default) or pull (decode reads the blocks "
+                       "from the prefill engine over localhost TCP and acknowledges; the store "
+                       "still keeps blocks for later turns)")
     serve.add_argument("--restart-dead-engines", action="store_true",
                        help="--disagg: start an engine that exits again on its port instead "
                        "of stopping (its requests get errors meanwhile)")
@@ -96,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     extra_env: dict[str, str] = {}
     if args.disagg and args.adaptive:
         raise UsageError("--disagg does not take --adaptive yet")
+    if args.handoff != "store" and not args.disagg:
+        raise UsageError("--handoff needs --disagg")
     if args.restart_dead_engines and not args.disagg:
         raise UsageError("--restart-dead-engines needs --disagg")
     if args.disagg and (args.trim or args.estimate_acceptance):
@@ -207,15 +214,19 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
         tmp_store = tempfile.mkdtemp(prefix="loadwise-disagg-", dir=shm if shm.is_dir() else None)
         store_dir = tmp_store
         gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
-    kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy)
+    kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff)
     kv.check_usable()
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
     server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,
                           restart_dead=args.restart_dead_engines,
                           start_timeout_s=args.start_timeout)
+    pull_port = specs.prefill.kv_store.pull_port if specs.prefill.kv_store else None
     console.print(f"starting prefill (CPU binding {specs.prefill.cpu_binding.name}) and decode "
                   f"(CPU binding {specs.decode.cpu_binding.name}) engines on {spec.model}, KV "
-                  f"handed over through {Path(store_dir).resolve()} ({gib:g} GiB) …")
+                  + (f"pulled by decode from prefill (port {pull_port}), "
+                     f"kept for later turns in " if args.handoff == "pull" else
+                     "handed over through ")
+                  + f"{Path(store_dir).resolve()} ({gib:g} GiB) …")
     signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

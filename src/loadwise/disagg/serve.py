@@ -30,7 +30,7 @@ from loadwise.errors import LoadwiseError
 from loadwise.kv.disagg_ledger import EngineLimits
 from loadwise.vllm.binding import CpuBinding, allowed_cpus
 from loadwise.vllm.config import EngineSpec, KvStoreConfig
-from loadwise.vllm.server import ServerProcess
+from loadwise.vllm.server import ServerProcess, free_port
 
 logger = logging.getLogger("loadwise.disagg")
 
@@ -57,12 +57,16 @@ class DisaggSpecs:
     @classmethod
     def from_spec(cls, spec: EngineSpec, store: KvStoreConfig,
                   cores: tuple[int, ...] | None = None) -> DisaggSpecs:
-        """Two engines of ``spec`` on one store; the prefill writes on the step path."""
+        """Two engines of ``spec`` on one store. Handing over through the store, the prefill
+        writes on the step path; pulling, it serves its blocks on a port of its own."""
         p_bind, d_bind = split_cores(cores)
-        return cls(replace(spec, cpu_binding=p_bind,
-                           kv_store=replace(store, sync_saves=True, engine="prefill")),
+        pull = store.handoff == "pull"
+        prefill = replace(store, sync_saves=not pull, engine="prefill",
+                          pull_port=free_port() if pull else None)
+        return cls(replace(spec, cpu_binding=p_bind, kv_store=prefill),
                    replace(spec, cpu_binding=d_bind,
-                           kv_store=replace(store, sync_saves=False, engine="decode")))
+                           kv_store=replace(store, sync_saves=False, engine="decode",
+                                            pull_port=None)))
 
 
 def engine_limits(url: str, timeout_s: float = 30.0) -> EngineLimits:

@@ -32,6 +32,13 @@ class ConnectorCounters:
     handoff_blocks_missing: int = 0
     lookup_s: float = 0.0
     plan_s: float = 0.0
+    # pull handoff: prefill's requests held for a remote decode; decode's blocks read
+    held_requests: int = 0
+    blocks_served: int = 0  # prefill: blocks sent to pulling decodes
+    unacked_reads: int = 0  # prefill: reads that ended without an ack (held to lease expiry)
+    leases_expired: int = 0  # prefill: holds freed at lease expiry, not on an ack
+    blocks_pulled: int = 0
+    pull_failed_blocks: int = 0
     # worker side
     blocks_loaded: int = 0
     bytes_loaded: int = 0
@@ -58,6 +65,13 @@ PROM_COUNTERS: dict[str, str] = {
     "hit_blocks": "KV blocks found in loadwise's store",
     "handoff_blocks": "KV blocks a prefill engine handed over for this (decode) engine",
     "handoff_blocks_missing": "handed-over KV blocks not found in loadwise's store (recomputed)",
+    "held_requests": "finished prefills whose KV blocks were held for a decode engine to pull",
+    "blocks_served": "KV blocks this (prefill) engine sent to a pulling decode engine",
+    "unacked_reads": "pulls of held KV blocks that ended without an acknowledgement",
+    "leases_expired": "held KV blocks freed at lease expiry rather than on an acknowledgement",
+    "blocks_pulled": "KV blocks read from a prefill engine into this (decode) engine",
+    "pull_failed_blocks": "KV blocks a pull did not deliver or that failed their checks "
+                          "(recomputed)",
     "blocks_loaded": "KV blocks copied from loadwise's store into vLLM's cache",
     "bytes_loaded": "bytes of KV loaded from loadwise's store",
     "load_errors": "stored KV blocks refused (checks, reads): vLLM recomputed them",

@@ -180,6 +180,12 @@ def request_block_hashes(request: Any) -> Sequence[bytes]:
     return request.block_hashes  # type: ignore[no-any-return]
 
 
+def request_aborted(request: Any) -> bool:
+    """Whether a finished request ended without its answer (aborted, ignored or failed)."""
+    return str(getattr(request.status, "name", request.status)) in (
+        "FINISHED_ABORTED", "FINISHED_IGNORED", "FINISHED_ERROR")
+
+
 def allocated_block_ids(blocks: Any) -> list[int]:
     """Block ids of a request's KVCacheBlocks, first KV cache group."""
     return list(blocks.get_block_ids()[0])

@@ -93,6 +93,9 @@ KV_SHUTDOWN_TIMEOUT_S = 15
 KV_SSD_GIB_DEFAULT = 16.0
 
 
+HANDOFFS = ("store", "pull")
+
+
 @dataclass(frozen=True, slots=True)
 class KvStoreConfig:
     """loadwise's KV store behind vLLM's connector interface (``loadwise.vllm.connector``)."""
@@ -105,6 +108,10 @@ class KvStoreConfig:
     # prefill engine's answer then implies its blocks are in the store.
     sync_saves: bool = False
     engine: str = ""  # names this engine's counters in the store (two engines on one store)
+    # How a disaggregated prefill hands its blocks to decode: "store" (through the files) or
+    # "pull" (decode reads them from the prefill engine over TCP; ``pull_port`` on prefill).
+    handoff: str = "store"
+    pull_port: int | None = None
 
     def __post_init__(self) -> None:
         from loadwise.kv.placement import POLICIES
@@ -113,6 +120,9 @@ class KvStoreConfig:
             raise EngineConfigError(f"--kv-ssd-gib must be > 0, got {self.capacity_gib}")
         if not self.memory_gib >= 0:
             raise EngineConfigError(f"--kv-memory-gib must be >= 0, got {self.memory_gib}")
+        if self.handoff not in HANDOFFS:
+            raise EngineConfigError(f"unknown --handoff {self.handoff!r}: choose one of "
+                                    f"{', '.join(HANDOFFS)}")
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
@@ -138,7 +148,10 @@ class KvStoreConfig:
                                               "memory_gib": self.memory_gib,
                                               "policy": self.policy,
                                               "sync_saves": self.sync_saves,
-                                              "engine": self.engine}}
+                                              "engine": self.engine,
+                                              "handoff": self.handoff,
+                                              **({} if self.pull_port is None else
+                                                 {"pull_port": self.pull_port})}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,9 +51,11 @@ from loadwise.kv.connector_plan import BlockRef, ConnectorPlanner, StepPlan
 from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_delta, stats_side
 from loadwise.kv.filestore import FileBlockStore
 from loadwise.kv.placement import create_policy_for_blocks
+from loadwise.kv.pull_transport import Held, PullOrder
 from loadwise.vllm import compat
 from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
 from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
+from loadwise.vllm.kv_pull import BlockBytes, PullScheduler, PullWorker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,6 +76,8 @@ class FlatKVMetadata(KVConnectorMetadata):
     saves: list[BlockRef] = field(default_factory=list)
     drops: list[str] = field(default_factory=list)
     demotes: list[str] = field(default_factory=list)
+    holds: list[tuple[str, Held]] = field(default_factory=list)  # pull: keep for a decode
+    pulls: list[PullOrder] = field(default_factory=list)  # pull: read from a prefill
 
 
 def engine_fingerprint(vllm_config: VllmConfig, kv_cache_config: Any) -> bytes:
@@ -105,6 +109,17 @@ class FlatKVConnector(KVConnectorBase_V1):
         # True: saves are written before the step ends (a prefill engine's answer then
         # implies its blocks are stored); False: by the writer thread, off the step path.
         self.sync_saves = bool(extra.get("sync_saves", False))
+        # "pull": a prefill's blocks go to its decode over TCP (kv_pull); "store": through
+        # the store. The engine given a pull_port serves holds; any engine can pull.
+        self.handoff = str(extra.get("handoff", "store"))
+        if self.handoff not in ("store", "pull"):
+            raise ValueError(f"unknown handoff {self.handoff!r}: choose store or pull")
+        port = extra.get("pull_port")
+        self._pull_addr = (str(extra.get("pull_host", "127.0.0.1")),
+                           None if port is None else int(port))
+        self.pull = PullScheduler(self.block_size, *self._pull_addr) \
+            if self.handoff == "pull" and role == KVConnectorRole.SCHEDULER else None
+        self.puller: PullWorker | None = None
         group = kv_cache_config.kv_cache_groups[0]
         block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
         self.planner = ConnectorPlanner(self.block_size, self.store.contains, self.key_of,
@@ -117,6 +132,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._layers: list[tuple[str, torch.Tensor, int]] = []  # (name, cache, block dim)
         self._block_nbytes = 0
         self._load_errors: set[int] = set()
+        self._unheld: set[str] = set()  # holds that failed: vLLM frees them at once
+        self._pull_failed: set[str] = set()  # pulls that could not start
         self._save_failed = False
         self._step_t0: float | None = None
         self._unplanned: dict[str, list[int]] = {}  # request -> promised blocks with no plan
@@ -140,6 +157,16 @@ class FlatKVConnector(KVConnectorBase_V1):
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         t0 = time.perf_counter()
         c = self.counters
+        self._local_tokens[request.request_id] = num_computed_tokens
+        if self.pull is not None:
+            pulled = self.pull.matched(request.request_id, _transfer_params(request),
+                                       request.num_tokens,
+                                       len(compat.request_block_hashes(request)),
+                                       num_computed_tokens)
+            if pulled is not None:  # read from the prefill engine, off the step path
+                c.handoff_blocks += pulled // self.block_size
+                c.lookup_s += time.perf_counter() - t0
+                return pulled, pulled > 0
         try:
             n = self.planner.match(compat.request_block_hashes(request), request.num_tokens,
                                    num_computed_tokens)
@@ -157,7 +184,6 @@ class FlatKVConnector(KVConnectorBase_V1):
             c.handoff_blocks += usable
             c.handoff_blocks_missing += max(0, usable - (num_computed_tokens + n) // self.block_size)
         c.lookup_s += time.perf_counter() - t0
-        self._local_tokens[request.request_id] = num_computed_tokens
         # False: the load is synchronous, so vLLM calls start_load_kv before the forward of
         # the step that needs the blocks (an asynchronous one is started after it).
         return n, False
@@ -167,10 +193,17 @@ class FlatKVConnector(KVConnectorBase_V1):
         block_ids = compat.allocated_block_ids(blocks)
         local = self._local_tokens.pop(request.request_id, request.num_computed_tokens)
         try:
-            session_id = _transfer_params(request).get("session_id")
-            self.planner.allocated(request.request_id, compat.request_block_hashes(request),
-                                   block_ids, local, num_external_tokens,
+            params = _transfer_params(request)
+            session_id = params.get("session_id")
+            hashes = compat.request_block_hashes(request)
+            self.planner.allocated(request.request_id, hashes, block_ids, local,
+                                   num_external_tokens,
                                    None if session_id is None else str(session_id))
+            if self.pull is not None and self.pull.allocated(
+                    request.request_id, params, block_ids, hashes, local, num_external_tokens):
+                # The blocks arrive by pull, not from the store: nothing for the store to load
+                # (the prefill engine saved them).
+                self.planner.pending_block_ids(request.request_id)
         except Exception:  # noqa: BLE001 (logged once in _log_once; never raised into vLLM)
             # vLLM counts the promised tokens as loaded: their blocks must be reported as
             # load errors, or they would be used unfilled.
@@ -201,6 +234,9 @@ class FlatKVConnector(KVConnectorBase_V1):
             plan.loads += [BlockRef(bid, "", b"") for bid in self._unplanned.pop(rid)]
         meta.loads, meta.saves = plan.loads, plan.saves
         meta.drops, meta.demotes = plan.drops, plan.demotes
+        if self.pull is not None:
+            meta.holds, meta.pulls = self.pull.take()
+            self.counters.held_requests += len(meta.holds)
         self.counters.saves_planned += len(meta.saves)
         self.counters.plan_s += time.perf_counter() - t0
         self._stats.maybe_write(self.counters, self._fingerprint_json)
@@ -217,7 +253,22 @@ class FlatKVConnector(KVConnectorBase_V1):
         # from vLLM's blocks once a request finishes.
         self.planner.finished(request.request_id)
         self._local_tokens.pop(request.request_id, None)
-        if not _transfer_params(request).get("do_remote_decode"):
+        params = _transfer_params(request)
+        if self.pull is not None:
+            try:
+                keep, out = self.pull.finished(
+                    request.request_id, params, compat.request_aborted(request),
+                    list(request.prompt_token_ids or []), block_ids,
+                    compat.request_block_hashes(request))
+            except Exception:  # noqa: BLE001 (logged once): vLLM frees the blocks now
+                self._log_once("holding a prefill's blocks for its decode failed")
+                return False, None
+            if out is None:
+                return keep, None
+            prompt = list(request.prompt_token_ids or [])
+            return keep, {**out, "prompt_token_ids": prompt, "block_size": self.block_size,
+                          HANDOFF_BLOCKS: out["remote_blocks"]}
+        if not params.get("do_remote_decode"):
             return False, None
         # A prefill for another engine: what it needs to decode on this prompt's stored blocks.
         prompt = list(request.prompt_token_ids or [])
@@ -237,6 +288,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._layers = layers
         self._block_nbytes = sum(t.select(d, 0).numel() * t.element_size()
                                  for _, t, d in layers)
+        if self.handoff == "pull":
+            self.puller = PullWorker(BlockBytes(layers), self.fp, *self._pull_addr)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         # Called before every forward with a connector; start_load_kv may come after it.
@@ -245,7 +298,11 @@ class FlatKVConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, FlatKVMetadata) or not meta.loads:
+        if not isinstance(meta, FlatKVMetadata):
+            return
+        if meta.holds or meta.pulls:
+            self._start_pulls(meta)
+        if not meta.loads:
             return
         t0 = time.perf_counter()
         for ref in meta.loads:
@@ -287,6 +344,46 @@ class FlatKVConnector(KVConnectorBase_V1):
         elif ref.promote:
             self.memory[ref.key] = blob
         return None
+
+    def _start_pulls(self, meta: FlatKVMetadata) -> None:
+        for rid, held in meta.holds:
+            try:
+                assert self.puller is not None, "a hold reached a worker without pull"
+                self.puller.hold(rid, held)
+            except Exception:  # noqa: BLE001 (logged once); the lease never started: free now
+                self._log_once("holding a prefill's blocks failed; they are freed now")
+                self._unheld.add(rid)
+        for order in meta.pulls:
+            try:
+                assert self.puller is not None, "a pull reached a worker without pull"
+                self.puller.start(order)
+            except Exception:  # noqa: BLE001 (logged once); recomputed, reported at once
+                self._log_once("starting a pull failed; its blocks are recomputed")
+                if order.local_block_ids:
+                    self._load_errors.update(order.local_block_ids)
+                    self._pull_failed.add(order.request_id)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[set[str] | None, set[str] | None]:
+        sending, self._unheld = self._unheld, set()
+        recving, self._pull_failed = self._pull_failed, set()
+        if self.puller is not None:
+            try:
+                server = self.puller.server
+                if server is not None:
+                    sending |= server.take_released()
+                    c = self.counters
+                    c.blocks_served, c.unacked_reads = server.blocks_sent, server.cancelled
+                    c.leases_expired = server.expired
+                done, failed, landed = self.puller.take_finished()
+            except Exception:  # noqa: BLE001 (logged once)
+                self._log_once("collecting finished pulls failed")
+                done, failed, landed = set(), set(), 0
+            recving |= done
+            self._load_errors |= failed
+            self.counters.blocks_pulled += landed
+            self.counters.pull_failed_blocks += len(failed)
+        return sending or None, recving or None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before any layer runs
@@ -390,6 +487,8 @@ class FlatKVConnector(KVConnectorBase_V1):
             except Exception:  # shutting down: log, and let the engine stop
                 logger.exception("loadwise: writing the memory tier to the files failed")
         self.store.close()
+        if self.puller is not None:
+            self.puller.close()
         worker = self.role == KVConnectorRole.WORKER
         self._stats.maybe_write(self.counters,
                                 self._store_stats if worker else self._fingerprint_json,
