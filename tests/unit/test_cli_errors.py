@@ -20,6 +20,7 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
                                           "distribution: it needs --spec-method draft or eagle, "
                                           "not ngram")),
     (["serve", "--disagg", "--trim", str(PROFILE)], "--disagg does not take --trim"),
+    (["serve", "--handoff", "pull"], "--handoff needs --disagg"),
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),

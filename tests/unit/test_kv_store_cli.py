@@ -86,7 +86,7 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
     assert cfg["kv_connector_extra_config"] == {"store_dir": str((tmp_path / "store").resolve()),
                                                 "capacity_gib": 2.0, "memory_gib": 0.0,
                                                 "policy": "flat", "sync_saves": False,
-                                                "engine": ""}
+                                                "engine": "", "handoff": "store"}
     (tmp_path / "file").write_text("x")
     with pytest.raises(EngineConfigError, match="not a writable directory"):
         KvStoreConfig(str(tmp_path / "file" / "store")).check_usable()
@@ -144,6 +144,19 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
     assert specs.prefill.kv_store.sync_saves and not specs.decode.kv_store.sync_saves
     assert (specs.prefill.kv_store.engine, specs.decode.kv_store.engine) == ("prefill", "decode")
     assert specs.prefill.kv_store.store_dir == specs.decode.kv_store.store_dir
+    assert specs.prefill.kv_store.pull_port is None
+    # Pulling: the prefill serves its blocks on a port of its own and writes off the step path.
+    from dataclasses import replace
+
+    pull = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None),
+                                 replace(kv, handoff="pull"), (0, 1))
+    assert pull.prefill.kv_store is not None and pull.decode.kv_store is not None
+    assert pull.prefill.kv_store.pull_port and pull.decode.kv_store.pull_port is None
+    assert not pull.prefill.kv_store.sync_saves
+    assert pull.prefill.kv_store.transfer_config()["kv_connector_extra_config"][
+        "pull_port"] == pull.prefill.kv_store.pull_port
+    with pytest.raises(EngineConfigError, match="handoff"):
+        replace(kv, handoff="push")
     assert [b.cores for b in split_cores((0, 1, 2, 3, 4))] == [(0, 1), (2, 3, 4)]
     with pytest.raises(DisaggError, match="two cores"):
         split_cores((3,))
