@@ -106,18 +106,20 @@ def _wait_idle(engines: dict[str, str], timeout_s: float = 60.0) -> list[float]:
         time.sleep(0.5)
 
 
-def test_pulled_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leaks_nothing(
-        engine, tmp_path: Path) -> None:
-    """--handoff pull: decode reads the prefill's blocks over TCP (each transfer held up 1.5 s
-    after prefill started sending, so a client can leave while it is in flight)."""
+@pytest.mark.parametrize("handoff", ["pull", "push"])
+def test_transferred_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leaks_nothing(
+        engine, tmp_path: Path, handoff: str) -> None:
+    """--handoff pull: decode reads the prefill's blocks over TCP; push: decode registers its
+    slots and prefill sends each layer as it computes it. Each transfer is held up 3 s
+    after prefill started sending, so a client can leave while it is in flight."""
     store = tmp_path / "store"
     prompts = [engine.chat_prompt(p * 20) for p in builtin("sharegpt").head(3)]
     prompts.append("The capital of France is")  # no full block: nothing to pull
     tok = engine.llm.get_tokenizer()
     proc, url, _ = _start_serve(
-        tmp_path, "--disagg", "--handoff", "pull", "--spec-method", "none",
+        tmp_path, "--disagg", "--handoff", handoff, "--spec-method", "none",
         "--kv-store", str(store),
-        env_extra={"LOADWISE_PULL_FAULTS": json.dumps({"delay_s": [1.5, 1.5]})})
+        env_extra={"LOADWISE_PULL_FAULTS": json.dumps({"delay_s": [3.0, 3.0]})})
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
@@ -128,10 +130,10 @@ def test_pulled_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leak
             assert r.status_code == 200, r.text
             texts.append(r.json()["choices"][0]["text"])
         # A client that leaves while decode is still reading the blocks (prefilling its 2-3
-        # blocks takes well under the 0.8 s it waits; the transfer takes 1.5 s more).
+        # blocks takes well under the 2 s it waits; the transfer takes 3 s more).
         left = engine.chat_prompt("Tell me about rivers. " * 60)
         with pytest.raises(requests.Timeout):
-            requests.post(f"{url}/v1/completions", timeout=(5, 0.8), json={
+            requests.post(f"{url}/v1/completions", timeout=(5, 2.0), json={
                 "model": model, "prompt": left, "max_tokens": 16})
         busy = _wait_idle(engines)
         stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
@@ -141,6 +143,7 @@ def test_pulled_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leak
     engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
     assert texts == [c.text for c in engine.generate(prompts, max_tokens=32)]
     assert stats["completed"] == 4 and stats["no_transfer_params"] == 0
+    assert stats["client_gone"] == 1
     got = read_stats(store)
     handed = sum((len(tok.encode(p)) - 1) // BLOCK for p in prompts)
     # The abandoned request's blocks were pulled too: the client left mid-transfer, and decode
@@ -148,9 +151,13 @@ def test_pulled_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leak
     assert got["decode-worker"]["blocks_pulled"] == handed + (len(tok.encode(left)) - 1) // BLOCK
     assert handed > 0 and got["decode-worker"]["pull_failed_blocks"] == 0
     assert got["prefill-worker"]["leases_expired"] == 0  # every read was acknowledged
-    assert got["decode-worker"]["blocks_loaded"] == 0  # pulled, not read from the store
-    assert got["prefill-worker"]["blocks_served"] >= handed
-    assert got["prefill-scheduler"]["held_requests"] >= 4
+    assert got["decode-worker"]["blocks_loaded"] == 0  # transferred, not read from the store
+    if handoff == "pull":
+        assert got["prefill-worker"]["blocks_served"] >= handed
+    else:
+        assert got["prefill-worker"]["layers_pushed"] >= handed * 30  # SmolLM2: 30 layers
+        assert got["prefill-worker"]["pushes_failed"] == 0
+    assert got["prefill-scheduler"]["held_requests"] >= 3
 
 
 def test_refused_and_abandoned_requests_leave_both_engines_empty(engine, tmp_path: Path) -> None:

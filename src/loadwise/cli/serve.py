@@ -69,11 +69,12 @@ def add_parser(sub: Any) -> None:
                        "each on half the cores (--cpu-binding's, else all), hand KV over through "
                        "the --kv-store (default: a temporary store in /dev/shm), behind one "
                        "OpenAI API at --port")
-    serve.add_argument("--handoff", default="store", choices=("store", "pull"),
+    serve.add_argument("--handoff", default="store", choices=("store", "pull", "push"),
                        help="--disagg: how prefill's KV reaches decode: store (written to the "
-                       "--kv-store, loaded by decode; default) or pull (decode reads the blocks "
-                       "from the prefill engine over localhost TCP and acknowledges; the store "
-                       "still keeps blocks for later turns)")
+                       "--kv-store, loaded by decode; default), pull (decode reads the blocks "
+                       "from the prefill engine over localhost TCP and acknowledges) or push "
+                       "(decode registers its slots first; prefill sends each layer as it "
+                       "computes it). With pull and push the store keeps blocks for later turns")
     serve.add_argument("--restart-dead-engines", action="store_true",
                        help="--disagg: start an engine that exits again on its port instead "
                        "of stopping (its requests get errors meanwhile)")
@@ -223,8 +224,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
     pull_port = specs.prefill.kv_store.pull_port if specs.prefill.kv_store else None
     console.print(f"starting prefill (CPU binding {specs.prefill.cpu_binding.name}) and decode "
                   f"(CPU binding {specs.decode.cpu_binding.name}) engines on {spec.model}, KV "
-                  + (f"pulled by decode from prefill (port {pull_port}), "
-                     f"kept for later turns in " if args.handoff == "pull" else
+                  + (f"{args.handoff}ed between the engines (prefill's port {pull_port}), "
+                     f"kept for later turns in " if args.handoff != "store" else
                      "handed over through ")
                   + f"{Path(store_dir).resolve()} ({gib:g} GiB) …")
     signal.signal(signal.SIGINT, _raise_interrupt)

@@ -12,9 +12,11 @@ closes the decode stream, and vLLM aborts the request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -53,7 +55,7 @@ class ProxyCounters:
     no_transfer_params: int = 0  # a prefill answer without them: never forwarded
     decode_errors: int = 0
     completed: int = 0
-    client_gone: int = 0  # the client left while the decode streamed
+    client_gone: int = 0  # the client left before its answer was complete
     prefill_s: float = 0.0  # tokenize + prefill, summed over requests
 
 
@@ -100,7 +102,12 @@ def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
 
 class DisaggProxy:
     def __init__(self, prefill_url: str, decode_url: str, prefill: EngineLimits,
-                 decode: EngineLimits, timeout_s: float = 600.0) -> None:
+                 decode: EngineLimits, timeout_s: float = 600.0,
+                 push_to: tuple[str, int] | None = None) -> None:
+        # push_to: the prefill engine's block port. Set, decode gets the request first and
+        # registers its slots there, and the prefill pushes its blocks as it computes them.
+        self.push_to = push_to
+        self._background: set[asyncio.Task[Any]] = set()
         self.prefill_url = prefill_url
         self.decode_url = decode_url
         self.prefill_limits = prefill
@@ -156,6 +163,15 @@ class DisaggProxy:
             "prefill": self.prefill_url, "decode": self.decode_url}})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        # The server cancels a handler whose client left (``handler_cancellation``): leaving
+        # the engine calls closes their connections, and vLLM aborts the requests.
+        try:
+            return await self._handle(request)
+        except asyncio.CancelledError:
+            self.counters.client_gone += 1
+            raise
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.counters.requests += 1
         kind = ENDPOINTS[request.path]
         try:
@@ -176,6 +192,8 @@ class DisaggProxy:
         except _EngineError as exc:
             self.counters.prefill_errors += 1
             return exc.response()
+        if self.push_to is not None:
+            return await self._push(request, body, t0)
         try:
             params = await self._prefill(body, request.path)
         except _EngineError as exc:
@@ -189,6 +207,32 @@ class DisaggProxy:
                 "the prefill engine answered without KV transfer parameters; the request was "
                 "not handed to decode", 502, "BadGatewayError"), status=502)
         return await self._decode(request, decode_body(body, params, kind))
+
+    async def _push(self, request: web.Request, body: dict[str, Any],
+                    t0: float) -> web.StreamResponse:
+        """Decode and prefill at once: decode waits for the blocks the prefill pushes. A prefill
+        that fails sends nothing, and decode recomputes the prompt itself."""
+        push_id = uuid.uuid4().hex
+        host, port = self.push_to or ("", 0)
+        prefill = prefill_body(body)
+        prefill["kv_transfer_params"]["push_id"] = push_id
+        task = asyncio.create_task(self._post_json(self.prefill_url, request.path, prefill))
+        self._background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            self.counters.prefill_s += time.perf_counter() - t0
+            if t.cancelled() or t.exception() is not None:
+                self.counters.prefill_errors += 1
+
+        task.add_done_callback(done)
+        try:
+            return await self._decode(request, {**body, "kv_transfer_params": {
+                "do_remote_prefill": True, "remote_host": host, "remote_port": port,
+                "push_id": push_id, "remote_request_id": push_id}})
+        except asyncio.CancelledError:
+            task.cancel()  # the client left: the prefill is aborted too
+            raise
 
     def _reject(self, message: str) -> web.Response:
         self.counters.rejected += 1

@@ -60,7 +60,7 @@ class DisaggSpecs:
         """Two engines of ``spec`` on one store. Handing over through the store, the prefill
         writes on the step path; pulling, it serves its blocks on a port of its own."""
         p_bind, d_bind = split_cores(cores)
-        pull = store.handoff == "pull"
+        pull = store.handoff != "store"
         prefill = replace(store, sync_saves=not pull, engine="prefill",
                           pull_port=free_port() if pull else None)
         return cls(replace(spec, cpu_binding=p_bind, kv_store=prefill),
@@ -104,7 +104,11 @@ class DisaggServer:
             self.stop()
             raise
         p, d = self.engines["prefill"], self.engines["decode"]
-        self.proxy = DisaggProxy(p.url, d.url, engine_limits(p.url), engine_limits(d.url))
+        kv = p.spec.kv_store
+        push_to = ("127.0.0.1", kv.pull_port) if kv and kv.handoff == "push" and kv.pull_port \
+            else None
+        self.proxy = DisaggProxy(p.url, d.url, engine_limits(p.url), engine_limits(d.url),
+                                 push_to=push_to)
 
     def dead_engine(self) -> str | None:
         for name, server in self.engines.items():
@@ -117,7 +121,8 @@ class DisaggServer:
         again on its port while the proxy answers its requests with errors) or the task is
         cancelled."""
         assert self.proxy is not None, "start_engines first"
-        runner = web.AppRunner(self.proxy.app(), handle_signals=False, access_log=None)
+        runner = web.AppRunner(self.proxy.app(), handle_signals=False, access_log=None,
+                               handler_cancellation=True)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

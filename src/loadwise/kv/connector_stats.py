@@ -37,6 +37,8 @@ class ConnectorCounters:
     blocks_served: int = 0  # prefill: blocks sent to pulling decodes
     unacked_reads: int = 0  # prefill: reads that ended without an ack (held to lease expiry)
     leases_expired: int = 0  # prefill: holds freed at lease expiry, not on an ack
+    layers_pushed: int = 0  # prefill: block layers sent to registered decodes (push)
+    pushes_failed: int = 0  # prefill: pushes that ended without decode's ack
     blocks_pulled: int = 0
     pull_failed_blocks: int = 0
     # worker side
@@ -69,6 +71,8 @@ PROM_COUNTERS: dict[str, str] = {
     "blocks_served": "KV blocks this (prefill) engine sent to a pulling decode engine",
     "unacked_reads": "pulls of held KV blocks that ended without an acknowledgement",
     "leases_expired": "held KV blocks freed at lease expiry rather than on an acknowledgement",
+    "layers_pushed": "KV block layers this (prefill) engine pushed to decode as it computed them",
+    "pushes_failed": "pushes to a decode engine that ended without its acknowledgement",
     "blocks_pulled": "KV blocks read from a prefill engine into this (decode) engine",
     "pull_failed_blocks": "KV blocks a pull did not deliver or that failed their checks "
                           "(recomputed)",

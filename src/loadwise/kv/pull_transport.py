@@ -82,8 +82,11 @@ class BlockServer:
 
     def __init__(self, host: str, port: int, fingerprint: bytes,
                  read_block: Callable[[int], bytes], lease_s: float = 30.0,
-                 hold_wait_s: float = 5.0, io_timeout_s: float = 30.0) -> None:
+                 hold_wait_s: float = 5.0, io_timeout_s: float = 30.0,
+                 on_register: Callable[[socket.socket, dict[str, object]], None] | None = None
+                 ) -> None:
         self.fingerprint = fingerprint.hex()
+        self.on_register = on_register  # the push handoff's registrations (push_transport)
         self.read_block = read_block
         self.hold_wait_s = hold_wait_s
         self.io_timeout_s = io_timeout_s
@@ -142,6 +145,9 @@ class BlockServer:
             with conn:
                 conn.settimeout(self.io_timeout_s)
                 req, _ = recv_frame(conn, 0)
+                if req.get("op") == "register" and self.on_register is not None:
+                    self.on_register(conn, req)
+                    return
                 rid, tid = str(req.get("request_id", "")), str(req.get("transfer_id", ""))
                 held, error = self._begin(req, rid, tid)
                 if held is None:
@@ -211,7 +217,7 @@ def _int(v: object) -> int:
 @dataclass(frozen=True, slots=True)
 class PullOrder:
     """Decode's read of one request's blocks: the prefill's held request ``remote_request_id``
-    at ``host:port``, its blocks ``first`` … ``first + len(block_hashes) - 1``, which must hash
+    (with ``push``: the push id) at ``host:port``, its blocks ``first`` … ``first + len(block_hashes) - 1``, which must hash
     to ``block_hashes`` (decode's own) and land in decode's ``local_block_ids``."""
 
     request_id: str
@@ -221,6 +227,7 @@ class PullOrder:
     first: int
     local_block_ids: tuple[int, ...]
     block_hashes: tuple[bytes, ...]
+    push: bool = False  # the blocks are pushed as prefill computes them (push_transport)
 
 
 def pull(order: PullOrder, transfer_id: str, fingerprint: bytes,

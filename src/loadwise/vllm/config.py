@@ -93,7 +93,7 @@ KV_SHUTDOWN_TIMEOUT_S = 15
 KV_SSD_GIB_DEFAULT = 16.0
 
 
-HANDOFFS = ("store", "pull")
+HANDOFFS = ("store", "pull", "push")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +108,9 @@ class KvStoreConfig:
     # prefill engine's answer then implies its blocks are in the store.
     sync_saves: bool = False
     engine: str = ""  # names this engine's counters in the store (two engines on one store)
-    # How a disaggregated prefill hands its blocks to decode: "store" (through the files) or
-    # "pull" (decode reads them from the prefill engine over TCP; ``pull_port`` on prefill).
+    # How a disaggregated prefill hands its blocks to decode: "store" (through the files),
+    # "pull" (decode reads them from the prefill engine over TCP) or "push" (prefill sends
+    # them to decode's registered slots as it computes them); ``pull_port``: prefill's port.
     handoff: str = "store"
     pull_port: int | None = None
 

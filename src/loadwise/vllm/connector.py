@@ -33,6 +33,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_ref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +57,7 @@ from loadwise.vllm import compat
 from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
 from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.vllm.kv_pull import BlockBytes, PullScheduler, PullWorker
+from loadwise.vllm.kv_push import PushSteps, PushTracker, push_id_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -77,7 +79,8 @@ class FlatKVMetadata(KVConnectorMetadata):
     drops: list[str] = field(default_factory=list)
     demotes: list[str] = field(default_factory=list)
     holds: list[tuple[str, Held]] = field(default_factory=list)  # pull: keep for a decode
-    pulls: list[PullOrder] = field(default_factory=list)  # pull: read from a prefill
+    pulls: list[PullOrder] = field(default_factory=list)  # pull/push: read from a prefill
+    push: PushSteps | None = None  # push: what this step sends to registered decodes
 
 
 def engine_fingerprint(vllm_config: VllmConfig, kv_cache_config: Any) -> bytes:
@@ -109,16 +112,19 @@ class FlatKVConnector(KVConnectorBase_V1):
         # True: saves are written before the step ends (a prefill engine's answer then
         # implies its blocks are stored); False: by the writer thread, off the step path.
         self.sync_saves = bool(extra.get("sync_saves", False))
-        # "pull": a prefill's blocks go to its decode over TCP (kv_pull); "store": through
-        # the store. The engine given a pull_port serves holds; any engine can pull.
+        # "pull"/"push": a prefill's blocks go to its decode over TCP (kv_pull, kv_push);
+        # "store": through the store. The engine given a pull_port serves them.
         self.handoff = str(extra.get("handoff", "store"))
-        if self.handoff not in ("store", "pull"):
-            raise ValueError(f"unknown handoff {self.handoff!r}: choose store or pull")
+        if self.handoff not in ("store", "pull", "push"):
+            raise ValueError(f"unknown handoff {self.handoff!r}: choose store, pull or push")
         port = extra.get("pull_port")
         self._pull_addr = (str(extra.get("pull_host", "127.0.0.1")),
                            None if port is None else int(port))
+        scheduler = role == KVConnectorRole.SCHEDULER
         self.pull = PullScheduler(self.block_size, *self._pull_addr) \
-            if self.handoff == "pull" and role == KVConnectorRole.SCHEDULER else None
+            if self.handoff != "store" and scheduler else None
+        self.push = PushTracker(self.block_size) if self.handoff == "push" and scheduler \
+            else None
         self.puller: PullWorker | None = None
         group = kv_cache_config.kv_cache_groups[0]
         block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
@@ -204,6 +210,9 @@ class FlatKVConnector(KVConnectorBase_V1):
                 # The blocks arrive by pull, not from the store: nothing for the store to load
                 # (the prefill engine saved them).
                 self.planner.pending_block_ids(request.request_id)
+            if self.push is not None:
+                self.push.allocated(request.request_id, params, block_ids, hashes,
+                                    request.num_prompt_tokens, local + num_external_tokens)
         except Exception:  # noqa: BLE001 (logged once in _log_once; never raised into vLLM)
             # vLLM counts the promised tokens as loaded: their blocks must be reported as
             # load errors, or they would be used unfilled.
@@ -220,9 +229,16 @@ class FlatKVConnector(KVConnectorBase_V1):
             (rid, ids, True, done) for rid, ids, done in compat.new_requests(scheduler_output)]
         steps += [(rid, ids, resumed, done) for rid, ids, resumed, done in
                   compat.cached_requests(scheduler_output)]
+        after = [(rid, ids, replace, done + scheduled.get(rid, 0))
+                 for rid, ids, replace, done in steps]
+        if self.push is not None:
+            try:
+                meta.push = self.push.step(after)
+                self.counters.held_requests += len(meta.push.holds)
+            except Exception:  # noqa: BLE001 (logged once): decode recomputes what is not sent
+                self._log_once("planning a step's pushes failed")
         try:
-            plan = self.planner.plan_step([(rid, ids, replace, done + scheduled.get(rid, 0))
-                                           for rid, ids, replace, done in steps])
+            plan = self.planner.plan_step(after)
         except Exception:  # noqa: BLE001 (logged once in _log_once)
             self._log_once("planning a step failed; its loads are recomputed")
             plan = StepPlan()
@@ -254,6 +270,15 @@ class FlatKVConnector(KVConnectorBase_V1):
         self.planner.finished(request.request_id)
         self._local_tokens.pop(request.request_id, None)
         params = _transfer_params(request)
+        if self.push is not None and push_id_of(params) is not None:
+            try:
+                keep = self.push.finished(request.request_id, params,
+                                          compat.request_aborted(request))
+            except Exception:  # noqa: BLE001 (logged once)
+                self._log_once("holding a prefill's blocks for its push failed")
+                keep = False
+            return keep, {"prompt_token_ids": list(request.prompt_token_ids or []),
+                          "block_size": self.block_size}
         if self.pull is not None:
             try:
                 keep, out = self.pull.finished(
@@ -288,8 +313,9 @@ class FlatKVConnector(KVConnectorBase_V1):
         self._layers = layers
         self._block_nbytes = sum(t.select(d, 0).numel() * t.element_size()
                                  for _, t, d in layers)
-        if self.handoff == "pull":
-            self.puller = PullWorker(BlockBytes(layers), self.fp, *self._pull_addr)
+        if self.handoff != "store":
+            self._bytes = BlockBytes(layers)
+            self.puller = PullWorker(self._bytes, self.fp, *self._pull_addr)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         # Called before every forward with a connector; start_load_kv may come after it.
@@ -302,8 +328,12 @@ class FlatKVConnector(KVConnectorBase_V1):
             return
         if meta.holds or meta.pulls:
             self._start_pulls(meta)
-        if not meta.loads:
-            return
+        if meta.loads:
+            self._load(meta)
+        if meta.push is not None:
+            self._push_ready(meta.push)
+
+    def _load(self, meta: FlatKVMetadata) -> None:
         t0 = time.perf_counter()
         for ref in meta.loads:
             try:
@@ -345,6 +375,21 @@ class FlatKVConnector(KVConnectorBase_V1):
             self.memory[ref.key] = blob
         return None
 
+    def _push_ready(self, steps: PushSteps) -> None:
+        """Blocks ready before the forward go whole; finished prefills are held or cancelled."""
+        try:
+            assert self.puller is not None, "a push reached a worker without push"
+            hub = self.puller.hub
+            for push_id, item in steps.ready:
+                hub.add(push_id, (item,))
+            for push_id in steps.cancels:
+                hub.cancel(push_id)
+            for push_id, rid, aborted in steps.holds:
+                hub.hold(push_id, rid, aborted)
+        except Exception:  # noqa: BLE001 (logged once)
+            self._log_once("handing blocks to the push failed; decode recomputes them")
+            self._unheld.update(rid for _, rid, _ in steps.holds)
+
     def _start_pulls(self, meta: FlatKVMetadata) -> None:
         for rid, held in meta.holds:
             try:
@@ -369,12 +414,13 @@ class FlatKVConnector(KVConnectorBase_V1):
         recving, self._pull_failed = self._pull_failed, set()
         if self.puller is not None:
             try:
-                server = self.puller.server
+                server, hub, c = self.puller.server, self.puller.hub, self.counters
+                sending |= hub.take_released()
+                c.layers_pushed, c.pushes_failed = hub.layers_sent, hub.failed
                 if server is not None:
                     sending |= server.take_released()
-                    c = self.counters
                     c.blocks_served, c.unacked_reads = server.blocks_sent, server.cancelled
-                    c.leases_expired = server.expired
+                    c.leases_expired = server.expired + hub.expired
                 done, failed, landed = self.puller.take_finished()
             except Exception:  # noqa: BLE001 (logged once)
                 self._log_once("collecting finished pulls failed")
@@ -390,7 +436,18 @@ class FlatKVConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
-        return  # blocks are staged whole (every layer) in wait_for_save
+        # The store's blocks are staged whole (every layer) in wait_for_save; a push sends
+        # each layer of the blocks this step computes as soon as the layer has run.
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, FlatKVMetadata) or meta.push is None or not meta.push.computed:
+            return
+        try:
+            assert self.puller is not None, "a push reached a worker without push"
+            layer = self._bytes.layer_index[layer_name]
+            for push_id, item in meta.push.computed:
+                self.puller.hub.add(push_id, (replace_ref(item, layer=layer),))
+        except Exception:  # noqa: BLE001 (logged once)
+            self._log_once("pushing a computed layer failed; decode recomputes its blocks")
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()

@@ -1,7 +1,10 @@
-"""The pull handoff inside ``FlatKVConnector`` (``handoff: "pull"``): prefill keeps a finished
-prefill's blocks in vLLM's own KV cache (``request_finished`` returns True) and serves them over
-localhost TCP; decode reads them straight into the slots vLLM allocated for them, off the step
-path, and acknowledges; prefill's vLLM frees the blocks on the ack or at lease expiry.
+"""The pull and push handoffs inside ``FlatKVConnector`` (``handoff: "pull"`` / ``"push"``).
+
+Pull: prefill keeps a finished prefill's blocks in vLLM's own KV cache (``request_finished``
+returns True) and serves them over localhost TCP; decode reads them straight into the slots
+vLLM allocated for them, off the step path, and acknowledges; prefill's vLLM frees the blocks on
+the ack or at lease expiry. Push (``kv_push``, ``kv.push_transport``): decode registers its
+slots before prefill runs, and prefill sends each layer as its forward computes it.
 
 Why each isolation invariant holds here (the transport's own are in ``kv.pull_transport``):
   (b) decode's slots are written only by its pull thread, and vLLM keeps the slots of a request
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from loadwise.kv.pull_transport import BlockServer, Held, PullOrder, pull
+from loadwise.kv.push_transport import PushHub, receive_push
 
 logger = logging.getLogger("loadwise.kv")
 FAULTS_ENV = "LOADWISE_PULL_FAULTS"  # decode side: {"delay_s": [lo, hi], "drop_ack_p": p}
@@ -59,8 +63,9 @@ class PullScheduler:
         No side effects: vLLM may ask again for a request it could not schedule."""
         if not self._remote(params) or request_id in self._done:
             return None
-        usable = min(int(params.get("remote_blocks", 0)), (num_tokens - 1) // self.block_size,
-                     num_hashes)
+        # A push names no count: prefill sends every full block of the same prompt.
+        usable = min(int(params.get("remote_blocks", num_hashes)),
+                     (num_tokens - 1) // self.block_size, num_hashes)
         return max(0, usable * self.block_size - num_computed_tokens)
 
     def allocated(self, request_id: str, params: dict[str, Any], block_ids: Sequence[int],
@@ -76,7 +81,8 @@ class PullScheduler:
         self._pulls.append(PullOrder(request_id, str(params["remote_request_id"]),
                                      str(params["remote_host"]), int(params["remote_port"]),
                                      first, tuple(block_ids[first:end]),
-                                     tuple(bytes(h) for h in block_hashes[first:end])))
+                                     tuple(bytes(h) for h in block_hashes[first:end]),
+                                     push="push_id" in params))
         return True
 
     def finished(self, request_id: str, params: dict[str, Any], aborted: bool,
@@ -89,7 +95,7 @@ class PullScheduler:
             self._done.add(request_id)
             self._pulls.append(PullOrder(request_id, str(params["remote_request_id"]),
                                          str(params["remote_host"]), int(params["remote_port"]),
-                                         0, (), ()))
+                                         0, (), (), push="push_id" in params))
         self._done.discard(request_id)
         if not params.get("do_remote_decode") or self.port is None or aborted:
             return False, None
@@ -115,13 +121,24 @@ class BlockBytes:
 
     def __init__(self, layers: Sequence[tuple[str, torch.Tensor, int]]) -> None:
         self._views = [(t.view(torch.uint8).numpy(), d) for _, t, d in layers]
-        self.nbytes = sum(a.size // a.shape[d] for a, d in self._views)
+        self.layer_nbytes = [a.size // a.shape[d] for a, d in self._views]
+        self.nbytes = sum(self.layer_nbytes)
+        self.layer_index = {name: i for i, (name, _, _) in enumerate(layers)}
 
     def _block(self, arr: np.ndarray, dim: int, block_id: int) -> np.ndarray:
         return arr[(slice(None),) * dim + (block_id,)]
 
     def read(self, block_id: int) -> bytes:
         return b"".join(self._block(a, d, block_id).tobytes() for a, d in self._views)
+
+    def read_layer(self, block_id: int, layer: int) -> bytes:
+        a, d = self._views[layer]
+        return self._block(a, d, block_id).tobytes()
+
+    def land_layer(self, block_id: int, layer: int, payload: bytes) -> None:
+        a, d = self._views[layer]
+        dst = self._block(a, d, block_id)
+        dst[...] = np.frombuffer(payload, np.uint8, dst.size).reshape(dst.shape)
 
     def land(self, block_id: int, payload: bytes) -> None:
         offset = 0
@@ -154,11 +171,13 @@ class PullWorker:
     block server."""
 
     def __init__(self, blocks: BlockBytes, fingerprint: bytes, host: str,
-                 port: int | None, max_threads: int = 4) -> None:
+                 port: int | None, max_threads: int = 32) -> None:
         self.blocks = blocks
         self.fingerprint = fingerprint
         lease_s = float(os.environ.get(LEASE_ENV, LEASE_S))
-        self.server = (BlockServer(host, port, fingerprint, blocks.read, lease_s)
+        self.hub = PushHub(fingerprint, blocks.read_layer, len(blocks.layer_nbytes), lease_s)
+        self.server = (BlockServer(host, port, fingerprint, blocks.read, lease_s,
+                                   on_register=self.hub.serve)
                        if port is not None else None)
         self.faults = PullFaults.from_env()
         self._rng = random.Random()
@@ -178,6 +197,9 @@ class PullWorker:
         if order.local_block_ids:
             self.in_flight += 1
             self._pool.submit(self._run, order)
+        elif order.push:
+            self._pool.submit(receive_push, order, self.fingerprint, self.blocks.land_layer,
+                              self.blocks.layer_nbytes)
         else:
             self._pool.submit(pull, order, uuid.uuid4().hex, self.fingerprint,
                               self.blocks.land, self.blocks.nbytes)
@@ -189,17 +211,29 @@ class PullWorker:
             delay = self._rng.uniform(*self.faults.delay_s)
             first = [True]
 
-            def land(block_id: int, payload: bytes) -> None:
-                nonlocal landed
+            def wait_once() -> None:
                 if first[0] and delay > 0:
                     first[0] = False
                     time.sleep(delay)
+
+            def land(block_id: int, payload: bytes) -> None:
+                nonlocal landed
+                wait_once()
                 self.blocks.land(block_id, payload)
                 landed += 1
 
+            def land_layer(block_id: int, layer: int, payload: bytes) -> None:
+                wait_once()
+                self.blocks.land_layer(block_id, layer, payload)
+
             drop = self._rng.random() < self.faults.drop_ack_p
-            failed = pull(order, uuid.uuid4().hex, self.fingerprint, land, self.blocks.nbytes,
-                          send_ack=not drop)
+            if order.push:
+                failed = receive_push(order, self.fingerprint, land_layer,
+                                      self.blocks.layer_nbytes, send_ack=not drop)
+                landed = len(order.local_block_ids) - len(failed)
+            else:
+                failed = pull(order, uuid.uuid4().hex, self.fingerprint, land,
+                              self.blocks.nbytes, send_ack=not drop)
         except Exception:  # a failed pull is recomputed by vLLM, never raised into it
             logger.exception("loadwise: pulling the blocks of %s failed; vLLM recomputes them",
                              order.request_id)

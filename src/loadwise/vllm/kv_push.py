@@ -1,0 +1,94 @@
+"""The push handoff's scheduler side on prefill (no torch): which blocks of a request bound for
+a remote decode (``kv_transfer_params.push_id``) each step makes ready, so the worker can send
+them as they are computed.
+
+A block is sent whole when it is ready before the forward (vLLM's own cache had it, or the store
+loaded it), and layer by layer, from ``save_kv_layer``, when the step computes it. Only full
+prompt blocks are sent: decode computes the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadwise.kv.push_transport import PushItem
+
+
+@dataclass(slots=True)
+class _Pushing:
+    push_id: str
+    hashes: Sequence[bytes]  # vLLM's list for the request
+    prompt_blocks: int
+    block_ids: list[int] = field(default_factory=list)
+    next_block: int = 0  # blocks below this were made ready in an earlier step
+
+
+@dataclass(slots=True)
+class PushSteps:
+    """One step's sends: blocks ready before the forward, blocks its layers compute."""
+
+    ready: list[tuple[str, PushItem]] = field(default_factory=list)
+    computed: list[tuple[str, PushItem]] = field(default_factory=list)
+    # finished prefills: (push id, request id, aborted); vLLM keeps their blocks meanwhile
+    holds: list[tuple[str, str, bool]] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)  # pushes whose prefill never ran
+
+
+def push_id_of(params: dict[str, Any]) -> str | None:
+    push_id = params.get("push_id") if params.get("do_remote_decode") else None
+    return None if push_id is None else str(push_id)
+
+
+class PushTracker:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._reqs: dict[str, _Pushing] = {}
+        self._pending = PushSteps()
+
+    def allocated(self, request_id: str, params: dict[str, Any], block_ids: Sequence[int],
+                  block_hashes: Sequence[bytes], num_prompt_tokens: int,
+                  ready_tokens: int) -> None:
+        """vLLM allocated a prefill's blocks; its first ``ready_tokens`` are in them once this
+        step's loads are done."""
+        push_id = push_id_of(params)
+        if push_id is None or request_id in self._reqs:
+            return
+        t = self._reqs[request_id] = _Pushing(push_id, block_hashes,
+                                               num_prompt_tokens // self.block_size,
+                                               list(block_ids))
+        ready = min(ready_tokens // self.block_size, t.prompt_blocks, len(t.block_ids))
+        self._pending.ready += [(push_id, PushItem(i, None, t.block_ids[i], bytes(t.hashes[i])))
+                                for i in range(ready)]
+        t.next_block = ready
+
+    def step(self, scheduled: Sequence[tuple[str, Sequence[int] | None, bool, int]]) -> PushSteps:
+        """This step's sends, from each scheduled request's ``(req_id, new block ids, replace,
+        computed tokens after the step)`` (``ConnectorPlanner.plan_step``'s input)."""
+        for req_id, block_ids, replace, computed in scheduled:
+            t = self._reqs.get(req_id)
+            if t is None:
+                continue
+            if block_ids is not None:
+                t.block_ids = list(block_ids) if replace else t.block_ids + list(block_ids)
+            full = min(computed // self.block_size, t.prompt_blocks, len(t.block_ids),
+                       len(t.hashes))
+            self._pending.computed += [
+                (t.push_id, PushItem(i, None, t.block_ids[i], bytes(t.hashes[i])))
+                for i in range(t.next_block, full)]
+            t.next_block = max(t.next_block, full)
+        out, self._pending = self._pending, PushSteps()
+        return out
+
+    def finished(self, request_id: str, params: dict[str, Any], aborted: bool) -> bool:
+        """The prefill ended: whether vLLM must keep its blocks for the push (it was
+        allocated, so sends of its blocks may be in flight)."""
+        t = self._reqs.pop(request_id, None)
+        if t is None:
+            push_id = push_id_of(params)
+            if push_id is not None:  # never allocated: a registered decode stops waiting
+                self._pending.cancels.append(push_id)
+            return False
+        self._pending.holds.append((t.push_id, request_id, aborted))
+        return True

@@ -1,0 +1,166 @@
+"""The push handoff over real localhost sockets, with fake layer contents: decode registers
+first, prefill sends layers as they are computed, and prefill's blocks are released only when
+no send can still read them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from loadwise.kv.pull_transport import BlockServer, PullOrder
+from loadwise.kv.push_transport import PushHub, PushItem, receive_push
+from loadwise.vllm.kv_push import PushTracker
+
+FP = b"fingerprint"
+LAYERS = 3
+NBYTES = [16] * LAYERS
+
+
+def layer_bytes(block_id: int, layer: int) -> bytes:
+    return bytes([block_id % 200 + layer]) * NBYTES[layer]
+
+
+def h(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[PushHub, int]]:
+    hub = PushHub(FP, layer_bytes, LAYERS, lease_s=0.5, wait_s=1.0)
+    server = BlockServer("127.0.0.1", 0, FP, lambda b: b"", on_register=hub.serve)
+    yield hub, server.port
+    server.close()
+
+
+def order(port: int, local: tuple[int, ...] = (7, 8), first: int = 0,
+          hashes: tuple[bytes, ...] | None = None) -> PullOrder:
+    return PullOrder("d1", "push1", "127.0.0.1", port, first, local,
+                     hashes if hashes is not None else tuple(h(first + i)
+                                                             for i in range(len(local))),
+                     push=True)
+
+
+def receive_in_thread(o: PullOrder, landed: dict[tuple[int, int], bytes]
+                      ) -> tuple[threading.Thread, list[set[int]]]:
+    result: list[set[int]] = []
+    t = threading.Thread(target=lambda: result.append(receive_push(
+        o, FP, lambda b, layer, p: landed.__setitem__((b, layer), p), NBYTES, timeout_s=5.0)))
+    t.start()
+    time.sleep(0.1)  # registered before the prefill computes anything
+    return t, result
+
+
+def test_layers_sent_as_computed_land_in_decodes_slots_and_the_hold_is_released(
+        hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    landed: dict[tuple[int, int], bytes] = {}
+    t, result = receive_in_thread(order(port), landed)
+    push.add("push1", [PushItem(0, None, 40, h(0))])  # block 0: cached on prefill, whole
+    for layer in range(LAYERS):  # block 1 computed this step, layer by layer
+        time.sleep(0.02)
+        push.add("push1", [PushItem(1, layer, 41, h(1))])
+    t.join(5)
+    assert result == [set()]
+    assert landed == {(7 + i, layer): layer_bytes(40 + i, layer)
+                      for i in range(2) for layer in range(LAYERS)}
+    time.sleep(0.05)
+    assert push.take_released() == set()  # the prefill has not finished: nothing to free
+    push.hold("push1", "p1", aborted=False)
+    assert push.take_released() == {"p1"} and push.completed == 1
+
+
+def test_a_prefill_that_finishes_before_the_push_completes_keeps_its_blocks_until_the_ack(
+        hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    push.add("push1", [PushItem(0, None, 40, h(0))])
+    push.hold("push1", "p1", aborted=False)
+    assert push.take_released() == set()  # decode has not registered yet
+    landed: dict[tuple[int, int], bytes] = {}
+    t, result = receive_in_thread(order(port), landed)
+    assert push.take_released() == set()
+    push.add("push1", [PushItem(1, None, 41, h(1))])
+    t.join(5)
+    assert result == [set()]
+    time.sleep(0.05)
+    assert push.take_released() == {"p1"}
+
+
+def test_an_aborted_prefill_stops_the_push_and_decode_recomputes_what_did_not_land(
+        hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    landed: dict[tuple[int, int], bytes] = {}
+    t, result = receive_in_thread(order(port), landed)
+    push.add("push1", [PushItem(0, None, 40, h(0))])
+    time.sleep(0.05)
+    push.hold("push1", "p1", aborted=True)
+    t.join(5)
+    assert result == [{8}]  # block 0 landed whole; block 1 never came
+    time.sleep(0.05)
+    assert push.take_released() == {"p1"}
+
+
+def test_a_push_whose_prefill_never_ran_ends_at_once(hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    landed: dict[tuple[int, int], bytes] = {}
+    t, result = receive_in_thread(order(port), landed)
+    t0 = time.monotonic()
+    push.cancel("push1")
+    t.join(5)
+    assert result == [{7, 8}] and time.monotonic() - t0 < 0.5
+
+
+def test_a_layer_of_another_prefix_fails_its_whole_block(hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    landed: dict[tuple[int, int], bytes] = {}
+    t, result = receive_in_thread(order(port), landed)
+    push.add("push1", [PushItem(0, None, 40, h(0)), PushItem(1, 0, 41, h(1)),
+                       PushItem(1, 1, 41, h(99)), PushItem(1, 2, 41, h(1))])
+    t.join(5)
+    assert result == [{8}]
+
+
+def test_blocks_no_decode_registered_for_are_released_at_lease_expiry(
+        hub: tuple[PushHub, int]) -> None:
+    push, _ = hub
+    push.add("push1", [PushItem(0, None, 40, h(0))])
+    push.hold("push1", "p1", aborted=False)
+    assert push.take_released() == set()
+    time.sleep(0.6)
+    assert push.take_released() == {"p1"} and push.expired == 1
+
+
+def test_decode_that_needs_nothing_completes_the_push_at_once(hub: tuple[PushHub, int]) -> None:
+    push, port = hub
+    assert receive_push(order(port, local=()), FP, lambda *a: None, NBYTES) == set()
+    push.add("push1", [PushItem(0, None, 40, h(0))])  # computed later: nobody needs it
+    push.hold("push1", "p1", aborted=False)
+    assert push.take_released() == {"p1"}
+
+
+# --- the scheduler side ------------------------------------------------------------------------
+PARAMS = {"do_remote_decode": True, "push_id": "push1"}
+
+
+def test_cached_blocks_go_whole_and_computed_ones_as_their_step_computes_them() -> None:
+    t = PushTracker(block_size=4)
+    hashes = [h(i) for i in range(5)]
+    # 18 prompt tokens = 4 full blocks; 4 tokens from vLLM's cache; chunked over two steps
+    t.allocated("p1", PARAMS, [10, 11, 12], hashes, num_prompt_tokens=18, ready_tokens=4)
+    first = t.step([("p1", [10, 11, 12], True, 12)])
+    assert first.ready == [("push1", PushItem(0, None, 10, h(0)))]
+    assert [item.index for _, item in first.computed] == [1, 2]
+    second = t.step([("p1", [13, 14], False, 18)])
+    assert second.ready == [] and [(i.index, i.block_id) for _, i in second.computed] == [(3, 13)]
+    assert t.finished("p1", PARAMS, aborted=False)
+    assert t.step([]).holds == [("push1", "p1", False)]
+
+
+def test_a_prefill_that_never_ran_cancels_its_push_and_others_are_not_tracked() -> None:
+    t = PushTracker(block_size=4)
+    t.allocated("plain", {}, [1, 2], [h(0), h(1)], 9, 0)
+    assert t.step([("plain", [1, 2], True, 9)]).computed == []
+    assert not t.finished("p9", {"do_remote_decode": True, "push_id": "push9"}, aborted=True)
+    assert t.step([]).cancels == ["push9"]
