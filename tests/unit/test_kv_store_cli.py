@@ -156,7 +156,7 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
     assert pull.prefill.kv_store.transfer_config()["kv_connector_extra_config"][
         "pull_port"] == pull.prefill.kv_store.pull_port
     with pytest.raises(EngineConfigError, match="handoff"):
-        replace(kv, handoff="push")
+        replace(kv, handoff="pigeon")
     assert [b.cores for b in split_cores((0, 1, 2, 3, 4))] == [(0, 1), (2, 3, 4)]
     with pytest.raises(DisaggError, match="two cores"):
         split_cores((3,))
