@@ -36,7 +36,7 @@ def h(i: int) -> bytes:
 
 @pytest.fixture
 def server() -> Iterator[BlockServer]:
-    s = BlockServer("127.0.0.1", 0, FP, content, lease_s=0.5, hold_wait_s=1.0, io_timeout_s=5.0)
+    s = BlockServer("127.0.0.1", 0, FP, content, lease_s=1.0, hold_wait_s=1.5, io_timeout_s=5.0)
     yield s
     s.close()
 
@@ -97,7 +97,7 @@ def test_a_dropped_ack_keeps_the_blocks_held_until_the_lease_expires(
                 send_ack=False) == set()
     time.sleep(0.1)
     assert server.take_released() == set() and server.cancelled == 1
-    time.sleep(0.5)
+    time.sleep(1.0)
     assert server.take_released() == {"p1"} and server.expired == 1
 
 
@@ -107,7 +107,7 @@ def test_the_lease_does_not_free_blocks_while_a_read_of_them_is_in_flight(
     released_during: list[set[str]] = []
 
     def slow_land(block_id: int, payload: bytes) -> None:
-        time.sleep(0.4)  # three blocks: past the 0.5 s lease
+        time.sleep(0.5)  # three blocks: past the 1 s lease
         released_during.append(server.take_released())
 
     assert pull(order(server.port), "t1", FP, slow_land, NBYTES) == set()
@@ -129,7 +129,7 @@ def test_a_reader_that_vanishes_mid_transfer_ends_its_flight_and_the_lease_frees
     while server.cancelled == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.cancelled == 1
-    time.sleep(0.5)
+    time.sleep(1.0)
     assert server.take_released() == {"p1"}
 
 
