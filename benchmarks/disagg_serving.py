@@ -1,7 +1,9 @@
 """Co-located vs disaggregated prefill/decode on this machine (issue 24): ShareGPT prompts sent
 open-loop (Poisson) at several rates to `loadwise serve` (one engine on every core) and to
-`loadwise serve --disagg` (a prefill engine and a decode engine, one core each, KV handed over
-through loadwise's store in /dev/shm).
+`loadwise serve --disagg` (a prefill engine and a decode engine, one core each) with each KV
+handoff: ``store`` (through loadwise's store in /dev/shm), ``pull`` (decode reads prefill's
+blocks over TCP) and ``push`` (prefill sends each layer to decode's registered slots as it
+computes it).
 
 Both servers are started once by the project's own command and stay up together (an idle vLLM
 server uses no CPU); windows interleave: per round, every rate from low to high, and at each
@@ -41,7 +43,7 @@ from loadwise.measure.serving import group_pids
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
 from loadwise.provenance import provenance
 
-CONFIGS = ("colocated", "disagg")
+CONFIGS = ("colocated", "store", "pull", "push")
 
 
 @dataclass
@@ -60,8 +62,11 @@ def start(config: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.
              "--max-model-len", str(args.max_model_len), "--cpu-binding", args.cpu_binding]
     if not args.compiled:
         flags.append("--enforce-eager")
-    if config == "disagg":
-        flags.append("--disagg")
+    if config != "colocated":
+        flags += ["--disagg", "--handoff", config]
+        if args.store_dir:  # on disk: stores in /dev/shm would take the engines' memory
+            flags += ["--kv-store", str(Path(args.store_dir) / config),
+                      "--kv-ssd-gib", str(args.store_gib)]
     return start_serve(flags, log)
 
 
@@ -188,10 +193,19 @@ def main() -> None:
     p.add_argument("--cpu-binding", default="all",
                    help="co-located: its binding; disagg: split in two halves")
     p.add_argument("--compiled", action="store_true")
+    p.add_argument("--store-dir", default=None,
+                   help="each disaggregated server's store under this directory (default: a "
+                        "temporary store in /dev/shm, which counts against memory)")
+    p.add_argument("--store-gib", type=float, default=2.0)
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, of {', '.join(CONFIGS)} (colocated first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
+    configs = tuple(args.configs.split(","))
+    if configs[0] != "colocated" or not set(configs) <= set(CONFIGS):
+        p.error(f"--configs: colocated first, then any of {', '.join(CONFIGS[1:])}")
     # Enough distinct prompts for every window (Poisson arrivals: room for twice the mean).
     args.prompts = max(args.prompts, args.rounds * sum(math.ceil(r * args.window_s * 2)
                                                        for r in rates))
@@ -202,14 +216,14 @@ def main() -> None:
         prompts = sharegpt_histories(args.prompts, 1000, 4000, seed=args.seed)
     logs = Path(args.out_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    servers = {c: start(c, args, logs / f"disagg-serving-{c}.log") for c in CONFIGS}
+    servers = {c: start(c, args, logs / f"disagg-serving-{c}.log") for c in configs}
     results: list[dict[str, Any]] = []
     answers: dict[tuple[str, float, int], list[list[int]]] = {}
     try:
         model = httpx.get(f"{servers['colocated'][1]}/v1/models").json()["data"][0]["id"]
         for rnd in range(args.rounds):
             for rate in rates:
-                order = CONFIGS if rnd % 2 == 0 else CONFIGS[::-1]
+                order = configs if rnd % 2 == 0 else configs[::-1]
                 for config in order:
                     proc, url = servers[config]
                     pids = session_pids(proc)
@@ -230,16 +244,17 @@ def main() -> None:
                                     "requests": [asdict(r) | {"tokens": len(r.tokens)}
                                                  for r in recs]})
     finally:
-        stats = None
-        try:
-            stats = httpx.get(f"{servers['disagg'][1]}/loadwise/disagg").json()
-        except httpx.HTTPError:
-            pass
+        stats: dict[str, Any] = {}
+        for config in configs[1:]:
+            try:
+                stats[config] = httpx.get(f"{servers[config][1]}/loadwise/disagg").json()
+            except httpx.HTTPError:
+                pass
         for proc, _ in servers.values():
             stop_serve(proc)
-    identical = {f"{rate:g}@{rnd}": sum(a == b for a, b in zip(
-        answers[("colocated", rate, rnd)], answers[("disagg", rate, rnd)], strict=True))
-        for rate in rates for rnd in range(args.rounds)}
+    identical = {config: {f"{rate:g}@{rnd}": sum(a == b for a, b in zip(
+        answers[("colocated", rate, rnd)], answers[(config, rate, rnd)], strict=True))
+        for rate in rates for rnd in range(args.rounds)} for config in configs[1:]}
     path = write_result(f"disagg-serving-{args.workload}", {
         **provenance(),
         "config": vars(args),
@@ -248,7 +263,31 @@ def main() -> None:
                                   f"{args.cpu_binding}"},
         "identical_answers": identical, "proxy_counters": stats, "windows": results},
         Path(args.out_dir))
+    plot(results, configs, rates, path.with_suffix(".png"))
     print(f"wrote {path}")
+
+
+def plot(results: list[dict[str, Any]], configs: tuple[str, ...], rates: list[float],
+         path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = (("ttft_p50_s", "TTFT p50 (s)"), ("itl_p99_s", "ITL p99 (s)"),
+            ("output_tok_s", "output tok/s"))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
+    for ax, (key, label) in zip(axes, keys, strict=True):
+        for config in configs:
+            pts = [(w["rate"], w["summary"].get(key)) for w in results if w["config"] == config]
+            pts = [(r, v) for r, v in pts if v is not None]
+            ax.plot([r for r, _ in pts], [v for _, v in pts], "o", label=config, alpha=0.7)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_xticks(rates)
+        ax.set_title(label)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("loadwise.kv")
 REPORT_EVERY_S = 1.0
+# A step that schedules nothing while KV is in transfer (a hold awaiting decode's ack, a pull
+# or push landing) waits this long before it returns: vLLM steps an engine that waits for a
+# transfer in a loop, and on a few cores that loop takes the CPU the transfer and the other
+# engine need.
+IDLE_TRANSFER_WAIT_S = 0.005
 HANDOFF_BLOCKS = "loadwise_blocks"  # kv_transfer_params: full prompt blocks a prefill stored
 
 
@@ -225,6 +230,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         t0 = time.perf_counter()
         meta = FlatKVMetadata()
         scheduled = compat.scheduled_tokens(scheduler_output)
+        if self.pull is not None and not scheduled:
+            time.sleep(IDLE_TRANSFER_WAIT_S)
         steps: list[tuple[str, list[int] | None, bool, int]] = [
             (rid, ids, True, done) for rid, ids, done in compat.new_requests(scheduler_output)]
         steps += [(rid, ids, resumed, done) for rid, ids, resumed, done in
