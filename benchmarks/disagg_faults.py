@@ -1,7 +1,10 @@
 """Fault injection against `loadwise serve --disagg` (issue 24): many requests, short and long,
 some over the context limit or malformed, clients that leave at every stage, store blocks
 deleted between prefill and decode (a lost handoff), and each engine killed (SIGKILL, whole
-process group) and restarted by the server during the run.
+process group) and restarted by the server during the run. With ``--handoff pull`` or ``push``,
+transfers are also delayed (``--transfer-delay-s``, inside the transfer: prefill has started
+sending) and decode's acknowledgements dropped (``--drop-ack-p``; prefill then frees the blocks
+at lease expiry, ``--lease-s``).
 
 Checks, written to the result JSON:
   * every completed answer equals, token for token, what one co-located engine answers to the
@@ -33,6 +36,7 @@ import httpx
 from results_io import write_result
 from serve_cli import start_serve, stop_serve, wait_healthy
 
+from loadwise.kv.connector_stats import read_stats
 from loadwise.measure.prom import parse_samples
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
 from loadwise.provenance import provenance
@@ -44,10 +48,11 @@ ACTIONS = {  # action -> weight
 MAX_TOKENS = (4, 8, 16)
 
 
-def serve(extra: list[str], log: Path, args: argparse.Namespace) -> tuple[Any, str]:
+def serve(extra: list[str], log: Path, args: argparse.Namespace,
+          env_extra: dict[str, str] | None = None) -> tuple[Any, str]:
     return start_serve(["--spec-method", "none", "--kv-cache-gib", "2", "--max-model-len",
                         str(args.max_model_len), "--enforce-eager", "--cpu-binding", "all",
-                        *extra], log)
+                        *extra], log, env_extra=env_extra)
 
 
 def engine_pgid(engine_url: str) -> int | None:
@@ -201,9 +206,20 @@ def main() -> None:
     p.add_argument("--kill-at", default="0.3:prefill,0.6:decode",
                    help="fraction of requests sent : engine to SIGKILL")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--handoff", default="store", choices=("store", "pull", "push"))
+    p.add_argument("--transfer-delay-s", default="0,0.3",
+                   help="pull/push: each transfer held up lo,hi seconds (uniform)")
+    p.add_argument("--drop-ack-p", type=float, default=0.05,
+                   help="pull/push: share of decode's acknowledgements dropped")
+    p.add_argument("--lease-s", type=float, default=5.0,
+                   help="pull/push: prefill frees unacknowledged blocks after this long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
+    lo, hi = (float(x) for x in args.transfer_delay_s.split(","))
+    faults = {} if args.handoff == "store" else {
+        "LOADWISE_PULL_FAULTS": json.dumps({"delay_s": [lo, hi], "drop_ack_p": args.drop_ack_p}),
+        "LOADWISE_PULL_LEASE_S": str(args.lease_s)}
     half = args.pool // 2
     prompts = [[{"role": "user", "content": c[0]}]
                for c in sharegpt_chats(half, 1, max_chars=600, seed=args.seed)]
@@ -215,8 +231,8 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     store = Path(tempfile.mkdtemp(prefix="loadwise-faults-", dir="/dev/shm"))
     log = logs / "disagg-faults-serve.log"
-    proc, url = serve(["--disagg", "--restart-dead-engines", "--kv-store", str(store),
-                             "--kv-ssd-gib", "1"], log, args)
+    proc, url = serve(["--disagg", "--handoff", args.handoff, "--restart-dead-engines",
+                       "--kv-store", str(store), "--kv-ssd-gib", "1"], log, args, faults)
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     h = Harness(url, model, prompts, long_prompt, store, args.seed)
     plan = h.plan(args.requests)
@@ -260,10 +276,11 @@ def main() -> None:
     run_s = time.time() - t0
     # Drained: both engines up (a killed one restarted) and empty.
     wait_healthy(url)
-    time.sleep(5)
+    time.sleep(5 + (args.lease_s if faults else 0))  # dropped acks: freed at lease expiry
     engines = httpx.get(f"{url}/loadwise/disagg").json()
     after = {name: gauges(u) for name, u in engines["engines"].items()}
     stop_serve(proc)
+    kv_stats = read_stats(store)  # the last engines' counters (a restart starts them again)
     shutil.rmtree(store, ignore_errors=True)  # the handoff store lives in memory (/dev/shm)
     serve_log = log.read_text(errors="replace")
     exits = serve_log.count("engine exited")
@@ -291,7 +308,12 @@ def main() -> None:
            "kills": kill_log, "engine_exits_logged": exits,
            "engine_crashes": exits - len(kill_log),
            "after_drain": after, "leaked": leaked, "proxy_counters": engines}
-    path = write_result("disagg-faults", out, Path(args.out_dir))
+    kv = kv_stats
+    out["connector_counters"] = {side: {k: v for k, v in c.items() if k in (
+        "held_requests", "blocks_served", "unacked_reads", "leases_expired", "layers_pushed",
+        "pushes_failed", "blocks_pulled", "pull_failed_blocks", "load_errors")}
+        for side, c in kv.items()}
+    path = write_result(f"disagg-faults-{args.handoff}", out, Path(args.out_dir))
     print(json.dumps({k: out[k] for k in ("requests", "completed", "differ_from_reference",
                                           "num_errors_without_message", "engine_crashes",
                                           "leaked", "outcomes")}))

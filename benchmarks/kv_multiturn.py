@@ -21,6 +21,13 @@ reuse there: reported as ``retokenization_loss_tokens``.
 All configurations run at the same explicit CPU binding (a connector changes what `auto`
 reserves). Configurations are run in turn per rate, rates from low to high; the JSON keeps every request.
 
+Disaggregated prefill/decode (issue 24): ``disagg-pull`` (`loadwise serve --disagg --handoff pull
+--kv-store DIR`: decode's blocks of each turn, its answer included, are kept in the store and the
+next turn's prefill loads them) against ``disagg-pull-noreuse`` (``--no-kv-reuse``: each turn's
+prefill has only its engine's own prefix cache); ``disagg-push`` likewise with the push handoff.
+Each engine gets --kv-cache-gib of vLLM cache; counters are both engines' (``prefill:``,
+``decode:``).
+
 Usage: python benchmarks/kv_multiturn.py [--rates 0.1,0.3] [--sessions 16] [--configs none,flat]
 """
 
@@ -34,12 +41,15 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 from results_io import write_result
+from serve_cli import start_serve, stop_serve
 
 from loadwise.kv.connector_stats import read_stats
 from loadwise.measure.prom import fetch_metrics, totals
@@ -184,11 +194,44 @@ def run_load(client: Client, sessions: list[Session], turns: int, rate: float, t
 
 
 def metrics(url: str) -> dict[str, float]:
-    """vLLM's Prometheus counters that say where prompt tokens came from, and loadwise's."""
+    """vLLM's Prometheus counters that say where prompt tokens came from, and loadwise's (a
+    disaggregated server's: each engine's, prefixed with its name)."""
+    try:
+        engines = httpx.get(f"{url}/loadwise/disagg", timeout=30).json()["engines"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        engines = None
+    if engines:
+        return {f"{name}:{k}": v for name, u in engines.items() for k, v in metrics(u).items()}
     text = fetch_metrics(url, timeout_s=30)
     return {**totals(text, "vllm:prompt_tokens"), **totals(text, "vllm:generation_tokens"),
             **totals(text, "vllm:prefix_cache"), **totals(text, "vllm:external_prefix_cache"),
             **totals(text, "loadwise:kv_")}
+
+
+DISAGG = {"disagg-pull": ("pull", True), "disagg-pull-noreuse": ("pull", False),
+          "disagg-push": ("push", True)}
+
+
+@contextmanager
+def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace,
+            log: Path) -> Iterator[str]:
+    """The server of a configuration, started on entry and stopped on exit; yields its URL."""
+    if config not in DISAGG:
+        with ServerProcess(spec) as server:
+            yield server.url
+        return
+    handoff, reuse = DISAGG[config]
+    flags = ["--disagg", "--handoff", handoff, "--kv-store", str(store), "--kv-ssd-gib", "8",
+             "--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
+             "--max-model-len", str(args.max_model_len), "--max-num-seqs", "16",
+             "--cpu-binding", args.cpu_binding]
+    flags += [] if args.compiled else ["--enforce-eager"]
+    flags += [] if reuse else ["--no-kv-reuse"]
+    proc, url = start_serve(flags, log)
+    try:
+        yield url
+    finally:
+        stop_serve(proc)
 
 
 def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> EngineSpec:
@@ -202,6 +245,8 @@ def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> E
         return replace(base, kv_store=KvStoreConfig(str(store), 8.0))
     if config in ("flat", "tiered"):
         return replace(base, kv_store=KvStoreConfig(str(store), 8.0, memory_gib, config))
+    if config in DISAGG:  # started by `loadwise serve --disagg` (serving)
+        return base
     raise ValueError(f"unknown configuration {config!r}")
 
 
@@ -253,23 +298,26 @@ def run_config(config: str, base: EngineSpec, chats: list[tuple[str, ...]], rate
     model_name = Path(base.model).name
     sessions = [Session(i, msgs) for i, msgs in enumerate(chats)]
     out: dict[str, Any] = {"config": config, "rate_sessions_s": rate}
-    with ServerProcess(spec) as server:  # started on entry, stopped on exit
-        client = Client(server.url, model_name, args.max_tokens)
-        m0 = metrics(server.url)
+    log = workdir / f"{config}-{rate:g}.log"
+    with serving(config, spec, store, args, log) as url:
+        client = Client(url, model_name, args.max_tokens)
+        m0 = metrics(url)
         wall = run_load(client, sessions, args.turns - 1, rate, args.think_s, args.seed)
-        m1 = metrics(server.url)
+        m1 = metrics(url)
     out["load_wall_s"] = wall
     out["load_metrics"] = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
-    out["load_output_tok_s"] = out["load_metrics"].get("vllm:generation_tokens_total", 0) / wall
-    if spec.kv_store is not None:
+    out["load_output_tok_s"] = sum(v for k, v in out["load_metrics"].items() if k.endswith(
+        "vllm:generation_tokens_total") and not k.startswith("prefill:")) / wall
+    with_store = spec.kv_store is not None or config in DISAGG
+    if with_store:
         out["connector_load"] = read_stats(store)
     # Restart on the same store; each session's last turn, one at a time.
-    with ServerProcess(spec) as server:  # started on entry, stopped on exit
-        client = Client(server.url, model_name, args.max_tokens)
+    with serving(config, spec, store, args, log.with_suffix(".restart.log")) as url:
+        client = Client(url, model_name, args.max_tokens)
         for s in sessions:
             if len(s.turns) == args.turns - 1 and all(t.error is None for t in s.turns):
                 s.next_turn(client, "restart")
-    if spec.kv_store is not None:
+    if with_store:
         out["connector_restart"] = read_stats(store)
     turns = [t for s in sessions for t in s.turns]
     out["summary"] = summarize(turns)
@@ -283,18 +331,19 @@ def run_config(config: str, base: EngineSpec, chats: list[tuple[str, ...]], rate
     return out
 
 
-def identity(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per configuration and rate: the share of requests whose greedy output equals the `none`
-    run's at the same rate, among requests whose prompts were identical."""
+def identity(results: list[dict[str, Any]], reference: str = "none") -> dict[str, Any]:
+    """Per configuration and rate: the share of requests whose greedy output equals the
+    ``reference`` configuration's at the same rate, among requests whose prompts were
+    identical."""
     out: dict[str, Any] = {}
     by_rate: dict[float, dict[str, dict[tuple[int, int], dict[str, Any]]]] = {}
     for r in results:
         by_rate.setdefault(r["rate_sessions_s"], {})[r["config"]] = {
             (t["session"], t["turn"]): t for t in r["turns"]}
     for rate, configs in by_rate.items():
-        ref = configs.get("none", {})
+        ref = configs.get(reference, {})
         for name, turns in configs.items():
-            if name == "none":
+            if name == reference:
                 continue
             for phase in ("load", "restart"):
                 same = [k for k, t in turns.items() if t["phase"] == phase and k in ref
@@ -316,7 +365,9 @@ def main() -> None:
                    help="vLLM's own KV cache (small, so prefixes are evicted between turns)")
     p.add_argument("--configs", default="none,example,flat,tiered",
                    help="none, example (ExampleConnector), files (loadwise, no memory tier), "
-                   "flat, tiered (loadwise with --kv-memory-gib of memory)")
+                   "flat, tiered (loadwise with --kv-memory-gib of memory), disagg-pull, "
+                   "disagg-pull-noreuse, disagg-push (--disagg, with and without cross-turn "
+                   "reuse)")
     p.add_argument("--kv-memory-gib", type=float, default=0.25,
                    help="loadwise's memory tier for flat and tiered (the same for both)")
     p.add_argument("--cpu-binding", default="all")
@@ -367,7 +418,8 @@ def main() -> None:
                           "enforce_eager": base.enforce_eager,
                           "kv_cache_gib": args.kv_cache_gib, "max_num_seqs": base.max_num_seqs,
                           "block_tokens": BLOCK_TOKENS},
-               "results": results, "greedy_identity": identity(results)}
+               "results": results, "greedy_identity": identity(results, configs[0]),
+               "greedy_identity_reference": configs[0]}
     path = write_result("kv-multiturn", payload)
     print(f"results: {path}")
 

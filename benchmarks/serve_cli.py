@@ -32,13 +32,15 @@ def wait_healthy(url: str, max_s: float = 600.0,
     return False
 
 
-def start_serve(flags: list[str], log: Path,
-                timeout_s: float = 900.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `loadwise serve FLAGS` on a free port; return once /health answers."""
+def start_serve(flags: list[str], log: Path, timeout_s: float = 900.0,
+                env_extra: dict[str, str] | None = None
+                ) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `loadwise serve FLAGS` on a free port (this environment plus ``env_extra``);
+    return once /health answers."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadwise.cli", "serve", "--port", str(port),
                              *flags], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **(env_extra or {})})
     url = f"http://127.0.0.1:{port}"
     if wait_healthy(url, timeout_s, proc):
         return proc, url

@@ -21,6 +21,7 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
                                           "not ngram")),
     (["serve", "--disagg", "--trim", str(PROFILE)], "--disagg does not take --trim"),
     (["serve", "--handoff", "pull"], "--handoff needs --disagg"),
+    (["serve", "--disagg", "--no-kv-reuse"], "--no-kv-reuse needs --disagg with --handoff"),
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),

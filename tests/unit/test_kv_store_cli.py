@@ -157,6 +157,10 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
         "pull_port"] == pull.prefill.kv_store.pull_port
     with pytest.raises(EngineConfigError, match="handoff"):
         replace(kv, handoff="pigeon")
+    with pytest.raises(EngineConfigError, match="reuse off needs --handoff pull"):
+        replace(kv, reuse=False)
+    no_reuse = replace(kv, handoff="push", reuse=False).transfer_config()
+    assert no_reuse["kv_connector_extra_config"]["reuse"] is False
     assert [b.cores for b in split_cores((0, 1, 2, 3, 4))] == [(0, 1), (2, 3, 4)]
     with pytest.raises(DisaggError, match="two cores"):
         split_cores((3,))

@@ -75,6 +75,9 @@ def add_parser(sub: Any) -> None:
                        "from the prefill engine over localhost TCP and acknowledges) or push "
                        "(decode registers its slots first; prefill sends each layer as it "
                        "computes it). With pull and push the store keeps blocks for later turns")
+    serve.add_argument("--no-kv-reuse", action="store_true",
+                       help="--disagg with --handoff pull or push: keep no blocks for later "
+                       "turns (nothing is written to or read from the store)")
     serve.add_argument("--restart-dead-engines", action="store_true",
                        help="--disagg: start an engine that exits again on its port instead "
                        "of stopping (its requests get errors meanwhile)")
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--disagg does not take --adaptive yet")
     if args.handoff != "store" and not args.disagg:
         raise UsageError("--handoff needs --disagg")
+    if args.no_kv_reuse and (not args.disagg or args.handoff == "store"):
+        raise UsageError("--no-kv-reuse needs --disagg with --handoff pull or push")
     if args.restart_dead_engines and not args.disagg:
         raise UsageError("--restart-dead-engines needs --disagg")
     if args.disagg and (args.trim or args.estimate_acceptance):
@@ -215,7 +220,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
         tmp_store = tempfile.mkdtemp(prefix="loadwise-disagg-", dir=shm if shm.is_dir() else None)
         store_dir = tmp_store
         gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
-    kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff)
+    kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff,
+                       reuse=not args.no_kv_reuse)
     kv.check_usable()
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
     server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,

@@ -113,6 +113,9 @@ class KvStoreConfig:
     # them to decode's registered slots as it computes them); ``pull_port``: prefill's port.
     handoff: str = "store"
     pull_port: int | None = None
+    # Keep blocks for later turns (prefix reuse across requests and restarts). Off, nothing is
+    # looked up or saved: only with a pull or push handoff, where the store is not the handoff.
+    reuse: bool = True
 
     def __post_init__(self) -> None:
         from loadwise.kv.placement import POLICIES
@@ -124,6 +127,9 @@ class KvStoreConfig:
         if self.handoff not in HANDOFFS:
             raise EngineConfigError(f"unknown --handoff {self.handoff!r}: choose one of "
                                     f"{', '.join(HANDOFFS)}")
+        if not self.reuse and self.handoff == "store":
+            raise EngineConfigError("turning KV reuse off needs --handoff pull or push: the "
+                                    "store handoff hands KV over through the store")
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
@@ -151,6 +157,7 @@ class KvStoreConfig:
                                               "sync_saves": self.sync_saves,
                                               "engine": self.engine,
                                               "handoff": self.handoff,
+                                              **({} if self.reuse else {"reuse": False}),
                                               **({} if self.pull_port is None else
                                                  {"pull_port": self.pull_port})}}
 

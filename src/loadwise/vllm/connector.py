@@ -122,6 +122,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         self.handoff = str(extra.get("handoff", "store"))
         if self.handoff not in ("store", "pull", "push"):
             raise ValueError(f"unknown handoff {self.handoff!r}: choose store, pull or push")
+        # False: no lookups and no saves (a pull or push handoff without cross-turn reuse).
+        self.reuse = bool(extra.get("reuse", True))
         port = extra.get("pull_port")
         self._pull_addr = (str(extra.get("pull_host", "127.0.0.1")),
                            None if port is None else int(port))
@@ -180,7 +182,7 @@ class FlatKVConnector(KVConnectorBase_V1):
                 return pulled, pulled > 0
         try:
             n = self.planner.match(compat.request_block_hashes(request), request.num_tokens,
-                                   num_computed_tokens)
+                                   num_computed_tokens) if self.reuse else 0
         except Exception:  # a lookup failure is a miss, never an engine error
             logger.exception("loadwise: KV store lookup failed; treated as a miss")
             n = 0
@@ -245,7 +247,7 @@ class FlatKVConnector(KVConnectorBase_V1):
             except Exception:  # noqa: BLE001 (logged once): decode recomputes what is not sent
                 self._log_once("planning a step's pushes failed")
         try:
-            plan = self.planner.plan_step(after)
+            plan = self.planner.plan_step(after) if self.reuse else StepPlan()
         except Exception:  # noqa: BLE001 (logged once in _log_once)
             self._log_once("planning a step failed; its loads are recomputed")
             plan = StepPlan()
