@@ -25,6 +25,17 @@ def _post(url: str, path: str, body: dict[str, object]) -> requests.Response:
     return requests.post(f"{url}{path}", json=body, timeout=600)
 
 
+def _greedy_texts(url: str, model: str, prompts: list[str]) -> list[str]:
+    """Each prompt's 32-token greedy completion through the server at ``url``, one at a time."""
+    texts = []
+    for p in prompts:
+        r = _post(url, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 32,
+                                           "temperature": 0})
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+    return texts
+
+
 def _gauge(url: str, name: str) -> float:
     text = requests.get(f"{url}/metrics", timeout=10).text
     return sum(v for _, v in parse_samples(text).get(name, []))
@@ -40,12 +51,7 @@ def test_disaggregated_requests_decode_on_the_prefills_blocks_as_one_engine_woul
                                 "--kv-store", str(store))
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        texts = []
-        for p in prompts:
-            r = _post(url, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 32,
-                                               "temperature": 0})
-            assert r.status_code == 200, r.text
-            texts.append(r.json()["choices"][0]["text"])
+        texts = _greedy_texts(url, model, prompts)
         # Streaming through the proxy: the same answer as without.
         chat = {"model": model, "messages": [{"role": "user", "content": "Name three rivers."}],
                 "max_tokens": 24, "temperature": 0}
@@ -123,12 +129,7 @@ def test_transferred_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
-        texts = []
-        for p in prompts:
-            r = _post(url, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 32,
-                                               "temperature": 0})
-            assert r.status_code == 200, r.text
-            texts.append(r.json()["choices"][0]["text"])
+        texts = _greedy_texts(url, model, prompts)
         # A client that leaves while decode is still reading the blocks (prefilling its 2-3
         # blocks takes well under the 2 s it waits; the transfer takes 3 s more).
         left = engine.chat_prompt("Tell me about rivers. " * 60)

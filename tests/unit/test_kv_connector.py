@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadwise.kv import blockfile
@@ -155,6 +155,36 @@ def test_store_writes_on_its_thread_reads_back_and_evicts_least_recently_used(
     s2.open_for_writing()
     assert s2.used_bytes == 3000 and not (s.path("k00").parent / "k99.tmp").exists()
     s2.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 11), st.booleans()),
+                max_size=40))
+def test_two_writers_with_half_the_capacity_each_never_exceed_it_together(
+        ops: list[tuple[str, int, bool]]) -> None:
+    """A disaggregated server's two engines write one store, each knowing only the blocks on
+    disk when it opened plus its own writes; each gets half the capacity, so every file on disk
+    is counted by at least one of them and the two together stay within it."""
+    import tempfile
+
+    capacity = 4000
+    with tempfile.TemporaryDirectory() as root:
+        def opened() -> FileBlockStore:
+            s = FileBlockStore(root, capacity_bytes=capacity // 2, fsync=False)
+            s.open_for_writing()
+            return s
+
+        writers = {"a": opened(), "b": opened()}
+        for who, key, reopen in ops:
+            if reopen:  # the engine restarts on the same store
+                writers[who].close()
+                writers[who] = opened()
+            writers[who].submit(f"k{key:02d}", bytes([key]) * 700)
+            writers[who].flush()
+            on_disk = sum(f.stat().st_size for f in Path(root, "blocks").rglob("*.blk"))
+            assert on_disk <= capacity
+        for s in writers.values():
+            s.close()
 
 
 def test_a_temporary_of_another_live_writer_is_kept_a_dead_ones_removed(tmp_path: Path) -> None:

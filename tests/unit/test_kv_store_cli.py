@@ -144,6 +144,7 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
     assert specs.prefill.kv_store.sync_saves and not specs.decode.kv_store.sync_saves
     assert (specs.prefill.kv_store.engine, specs.decode.kv_store.engine) == ("prefill", "decode")
     assert specs.prefill.kv_store.store_dir == specs.decode.kv_store.store_dir
+    assert specs.prefill.kv_store.capacity_gib == specs.decode.kv_store.capacity_gib == 1.0
     assert specs.prefill.kv_store.pull_port is None
     # Pulling: the prefill serves its blocks on a port of its own and writes off the step path.
     from dataclasses import replace
