@@ -50,9 +50,9 @@ MAX_TOKENS = (4, 8, 16)
 
 def serve(extra: list[str], log: Path, args: argparse.Namespace,
           env_extra: dict[str, str] | None = None) -> tuple[Any, str]:
-    return start_serve(["--spec-method", "none", "--kv-cache-gib", "2", "--max-model-len",
-                        str(args.max_model_len), "--enforce-eager", "--cpu-binding", "all",
-                        *extra], log, env_extra=env_extra)
+    return start_serve(["--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
+                        "--max-model-len", str(args.max_model_len), "--enforce-eager",
+                        "--cpu-binding", "all", *extra], log, env_extra=env_extra)
 
 
 def engine_pgid(engine_url: str) -> int | None:
@@ -206,6 +206,9 @@ def main() -> None:
     p.add_argument("--kill-at", default="0.3:prefill,0.6:decode",
                    help="fraction of requests sent : engine to SIGKILL")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--kv-cache-gib", type=float, default=2.0,
+                   help="each engine's vLLM KV cache: a smaller one evicts the pool's prompts "
+                   "from decode's own prefix cache, so more requests transfer KV")
     p.add_argument("--handoff", default="store", choices=("store", "pull", "push"))
     p.add_argument("--transfer-delay-s", default="0,0.3",
                    help="pull/push: each transfer held up lo,hi seconds (uniform)")

@@ -321,6 +321,20 @@ def run_config(config: str, base: EngineSpec, chats: list[tuple[str, ...]], rate
         out["connector_restart"] = read_stats(store)
     turns = [t for s in sessions for t in s.turns]
     out["summary"] = summarize(turns)
+    if config in DISAGG:
+        # The answer's usage describes decode, and --disagg does not report cached prompt
+        # tokens in it: what the prefill engine computed comes from its own counters (load
+        # phase, all turns together).
+        for group in ("first_turns", "later_turns", "after_restart"):
+            out["summary"][group].update(prefill_tokens_computed=None, cached_tokens=None,
+                                         read_back_of_reusable=None)
+        m = out["load_metrics"]
+        prompt = m.get("prefill:vllm:prompt_tokens_total", 0.0)
+        out["summary"]["prefill_engine_load_phase"] = {
+            "prompt_tokens": prompt,
+            "tokens_computed": prompt - m.get("prefill:vllm:prompt_tokens_cached_total", 0.0),
+            "vllm_cache_hit_tokens": m.get("prefill:vllm:prefix_cache_hits_total", 0.0),
+            "store_hit_tokens": m.get("prefill:vllm:external_prefix_cache_hits_total", 0.0)}
     if spec.kv_store is not None:
         out["summary"]["connector_share_of_step_time"] = connector_share(out["connector_load"])
     out["turns"] = [{k: v for k, v in asdict(t).items() if k not in ("prompt_ids", "output_ids")}
