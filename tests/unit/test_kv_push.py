@@ -171,3 +171,47 @@ def test_a_prefill_that_never_ran_cancels_its_push_and_others_are_not_tracked() 
     assert t.step([("plain", [1, 2], True, 9)]).computed == []
     assert not t.finished("p9", {"do_remote_decode": True, "push_id": "push9"}, aborted=True)
     assert t.step([]).cancels == ["push9"]
+
+
+def test_a_preempted_prefill_cancels_its_push_and_sends_nothing_after_resuming() -> None:
+    t = PushTracker(block_size=4)
+    hashes = [h(i) for i in range(5)]
+    t.allocated("p1", PARAMS, [10, 11, 12], hashes, num_prompt_tokens=18, ready_tokens=0)
+    assert [i.block_id for _, i in t.step([("p1", [10, 11, 12], True, 8)]).computed] == [10, 11]
+    t.preempted("p1")  # vLLM freed blocks 10-12: another request may fill them next
+    assert t.step([]).cancels == ["push1"]
+    # Resumed on other blocks: nothing is sent for it, and vLLM need not keep its blocks.
+    t.allocated("p1", PARAMS, [20, 21, 22, 23], hashes, num_prompt_tokens=18, ready_tokens=0)
+    resumed = t.step([("p1", [20, 21, 22, 23], True, 18)])
+    assert resumed.computed == [] and resumed.ready == []
+    assert not t.finished("p1", PARAMS, aborted=False)
+    assert t.step([]).holds == []
+
+
+def test_a_cancel_waits_for_the_read_under_way_and_nothing_is_read_after_it() -> None:
+    reads: list[tuple[int, int]] = []
+    reading = threading.Event()
+
+    def read_layer(block_id: int, layer: int) -> bytes:
+        reads.append((block_id, layer))
+        if (block_id, layer) == (41, 0):
+            reading.set()
+            time.sleep(0.3)
+        return layer_bytes(block_id, layer)
+
+    hub = PushHub(FP, read_layer, LAYERS, lease_s=0.5, wait_s=1.0)
+    server = BlockServer("127.0.0.1", 0, FP, lambda b: b"", on_register=hub.serve)
+    try:
+        landed: dict[tuple[int, int], bytes] = {}
+        t, result = receive_in_thread(order(server.port), landed)
+        hub.add("push1", [PushItem(0, None, 40, h(0)), PushItem(1, None, 41, h(1))])
+        assert reading.wait(2)
+        hub.cancel("push1")  # preempted while block 41's first layer is being read
+        read_before = len(reads)  # the read under way has ended: vLLM may reuse block 41 now
+        t.join(5)
+        assert len(reads) == read_before  # nothing was read once cancel returned
+        # Block 8 is recomputed unless all of it was read before the cancel.
+        assert result in ([{8}], [set()]) if read_before == 2 * LAYERS else result == [{8}]
+        assert {(7, layer) for layer in range(LAYERS)} <= set(landed)
+    finally:
+        server.close()

@@ -90,7 +90,8 @@ class PushHub:
             self._maybe_release(push_id, p)
 
     def cancel(self, push_id: str) -> None:
-        """The prefill ended without running: nothing will be sent for this push."""
+        """The prefill ended without running, or was preempted: nothing more is read or sent
+        for this push once this returns."""
         with self._cond:
             p = self._pushes.setdefault(push_id, _Push())
             p.cancelled = True
@@ -170,9 +171,13 @@ class PushHub:
                 for layer in layers:
                     if (item.index, layer) not in wanted:
                         continue
+                    with self._cond:  # cancel() returns only once no read is under way
+                        if p.cancelled:
+                            send_frame(conn, {"error": "the prefill was preempted or aborted"})
+                            return False
+                        payload = self.read_layer(item.block_id, layer)
                     send_frame(conn, {"index": item.index, "layer": layer,
-                                      "hash": item.block_hash.hex(), "tag": push_id},
-                               self.read_layer(item.block_id, layer))
+                                      "hash": item.block_hash.hex(), "tag": push_id}, payload)
                     wanted.discard((item.index, layer))
                     self.layers_sent += 1
         send_frame(conn, {"done": True})

@@ -174,6 +174,11 @@ def cached_requests(scheduler_output: Any) -> list[tuple[str, list[int] | None, 
     return out
 
 
+def preempted_requests(scheduler_output: Any) -> set[str]:
+    """Requests preempted while this step was scheduled: their blocks are free again."""
+    return set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+
+
 def request_block_hashes(request: Any) -> Sequence[bytes]:
     """vLLM's chained hash of every full block of a request's tokens (filled whenever a KV
     connector is configured; grows as the request's tokens do)."""

@@ -242,6 +242,8 @@ class FlatKVConnector(KVConnectorBase_V1):
                  for rid, ids, replace, done in steps]
         if self.push is not None:
             try:
+                for rid in compat.preempted_requests(scheduler_output):
+                    self.push.preempted(rid)
                 meta.push = self.push.step(after)
                 self.counters.held_requests += len(meta.push.holds)
             except Exception:  # noqa: BLE001 (logged once): decode recomputes what is not sent
@@ -335,6 +337,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata):
             return
+        if meta.push is not None and meta.push.cancels:
+            self._push_cancel(meta.push)  # before anything writes into freed blocks
         if meta.holds or meta.pulls:
             self._start_pulls(meta)
         if meta.loads:
@@ -391,13 +395,19 @@ class FlatKVConnector(KVConnectorBase_V1):
             hub = self.puller.hub
             for push_id, item in steps.ready:
                 hub.add(push_id, (item,))
-            for push_id in steps.cancels:
-                hub.cancel(push_id)
             for push_id, rid, aborted in steps.holds:
                 hub.hold(push_id, rid, aborted)
         except Exception:  # noqa: BLE001 (logged once)
             self._log_once("handing blocks to the push failed; decode recomputes them")
             self._unheld.update(rid for _, rid, _ in steps.holds)
+
+    def _push_cancel(self, steps: PushSteps) -> None:
+        try:
+            assert self.puller is not None, "a push reached a worker without push"
+            for push_id in steps.cancels:
+                self.puller.hub.cancel(push_id)
+        except Exception:  # noqa: BLE001 (logged once)
+            self._log_once("cancelling a push failed")
 
     def _start_pulls(self, meta: FlatKVMetadata) -> None:
         for rid, held in meta.holds:

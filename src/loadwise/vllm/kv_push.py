@@ -5,6 +5,10 @@ them as they are computed.
 A block is sent whole when it is ready before the forward (vLLM's own cache had it, or the store
 loaded it), and layer by layer, from ``save_kv_layer``, when the step computes it. Only full
 prompt blocks are sent: decode computes the rest.
+
+A preempted prefill's blocks go back to vLLM's allocator in the step that preempts it, and that
+step's forward may fill them for another request: its push is cancelled before that forward
+(decode recomputes what had not landed), and nothing more is sent for it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class PushTracker:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._reqs: dict[str, _Pushing] = {}
+        self._preempted: set[str] = set()  # requests whose push was cancelled
         self._pending = PushSteps()
 
     def allocated(self, request_id: str, params: dict[str, Any], block_ids: Sequence[int],
@@ -53,7 +58,7 @@ class PushTracker:
         """vLLM allocated a prefill's blocks; its first ``ready_tokens`` are in them once this
         step's loads are done."""
         push_id = push_id_of(params)
-        if push_id is None or request_id in self._reqs:
+        if push_id is None or request_id in self._reqs or request_id in self._preempted:
             return
         t = self._reqs[request_id] = _Pushing(push_id, block_hashes,
                                                num_prompt_tokens // self.block_size,
@@ -81,9 +86,19 @@ class PushTracker:
         out, self._pending = self._pending, PushSteps()
         return out
 
+    def preempted(self, request_id: str) -> None:
+        """vLLM preempted the prefill and freed its blocks: cancel its push."""
+        t = self._reqs.pop(request_id, None)
+        if t is not None:
+            self._preempted.add(request_id)
+            self._pending.cancels.append(t.push_id)
+
     def finished(self, request_id: str, params: dict[str, Any], aborted: bool) -> bool:
         """The prefill ended: whether vLLM must keep its blocks for the push (it was
         allocated, so sends of its blocks may be in flight)."""
+        if request_id in self._preempted:
+            self._preempted.discard(request_id)
+            return False  # its push was cancelled before its blocks were reused
         t = self._reqs.pop(request_id, None)
         if t is None:
             push_id = push_id_of(params)
