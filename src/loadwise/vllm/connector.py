@@ -329,16 +329,18 @@ class FlatKVConnector(KVConnectorBase_V1):
             self.puller = PullWorker(self._bytes, self.fp, *self._pull_addr)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        # Called before every forward with a connector; start_load_kv may come after it.
+        # Called before every forward with a connector; start_load_kv may come after it
+        # (vLLM starts loads after the forward when the step has no synchronous load).
         self._step_t0 = time.perf_counter()
         super().bind_connector_metadata(connector_metadata)
+        meta = connector_metadata
+        if isinstance(meta, FlatKVMetadata) and meta.push is not None and meta.push.cancels:
+            self._push_cancel(meta.push)  # before this forward writes into freed blocks
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata):
             return
-        if meta.push is not None and meta.push.cancels:
-            self._push_cancel(meta.push)  # before anything writes into freed blocks
         if meta.holds or meta.pulls:
             self._start_pulls(meta)
         if meta.loads:
