@@ -217,8 +217,9 @@ def _int(v: object) -> int:
 @dataclass(frozen=True, slots=True)
 class PullOrder:
     """Decode's read of one request's blocks: the prefill's held request ``remote_request_id``
-    (with ``push``: the push id) at ``host:port``, its blocks ``first`` … ``first + len(block_hashes) - 1``, which must hash
-    to ``block_hashes`` (decode's own) and land in decode's ``local_block_ids``."""
+    (with ``push``: the push id) at ``host:port``, its blocks ``first`` …
+    ``first + len(block_hashes) - 1``, which must hash to ``block_hashes`` (decode's own) and
+    land in decode's ``local_block_ids``."""
 
     request_id: str
     remote_request_id: str

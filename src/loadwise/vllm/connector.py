@@ -292,16 +292,15 @@ class FlatKVConnector(KVConnectorBase_V1):
                           "block_size": self.block_size}
         if self.pull is not None:
             try:
+                prompt = list(request.prompt_token_ids or [])
                 keep, out = self.pull.finished(
-                    request.request_id, params, compat.request_aborted(request),
-                    list(request.prompt_token_ids or []), block_ids,
-                    compat.request_block_hashes(request))
+                    request.request_id, params, compat.request_aborted(request), prompt,
+                    block_ids, compat.request_block_hashes(request))
             except Exception:  # noqa: BLE001 (logged once): vLLM frees the blocks now
                 self._log_once("holding a prefill's blocks for its decode failed")
                 return False, None
             if out is None:
                 return keep, None
-            prompt = list(request.prompt_token_ids or [])
             return keep, {**out, "prompt_token_ids": prompt, "block_size": self.block_size,
                           HANDOFF_BLOCKS: out["remote_blocks"]}
         if not params.get("do_remote_decode"):
@@ -391,7 +390,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         return None
 
     def _push_ready(self, steps: PushSteps) -> None:
-        """Blocks ready before the forward go whole; finished prefills are held or cancelled."""
+        """Blocks ready before the forward go whole; finished prefills are held (cancels are
+        handled before the forward, in ``bind_connector_metadata``)."""
         try:
             assert self.puller is not None, "a push reached a worker without push"
             hub = self.puller.hub
