@@ -50,9 +50,16 @@ MAX_TOKENS = (4, 8, 16)
 
 def serve(extra: list[str], log: Path, args: argparse.Namespace,
           env_extra: dict[str, str] | None = None) -> tuple[Any, str]:
+    invariant = ["--batch-invariant"] if args.batch_invariant else []
     return start_serve(["--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
                         "--max-model-len", str(args.max_model_len), "--enforce-eager",
-                        "--cpu-binding", "all", *extra], log, env_extra=env_extra)
+                        "--cpu-binding", "all", *invariant, *extra], log, env_extra=env_extra)
+
+
+def _top2_gap(position: dict[str, Any]) -> float | None:
+    """The reference's logprob margin between its two best tokens at one position."""
+    top = sorted((t["logprob"] for t in position.get("top_logprobs") or []), reverse=True)
+    return top[0] - top[1] if len(top) >= 2 else None
 
 
 def engine_pgid(engine_url: str) -> int | None:
@@ -216,6 +223,9 @@ def main() -> None:
                    help="pull/push: share of decode's acknowledgements dropped")
     p.add_argument("--lease-s", type=float, default=5.0,
                    help="pull/push: prefill frees unacknowledged blocks after this long")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="both disaggregated engines and the reference in batch-invariant mode: "
+                   "an answer then cannot differ because of what shared its batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
@@ -290,15 +300,28 @@ def main() -> None:
     # The reference: one co-located engine, greedy, each distinct (prompt, max_tokens) once.
     ref_proc, ref_url = serve([], logs / "disagg-faults-reference.log", args)
     reference: dict[tuple[int, int], list[int]] = {}
+    ref_gaps: dict[tuple[int, int], list[float | None]] = {}
     try:
         for pi, mt in sorted({(pi, mt) for pi, mt, _ in h.completed}):
             r = httpx.post(f"{ref_url}/v1/chat/completions", timeout=600, json={
                 "model": model, "messages": prompts[pi], "max_tokens": mt, "temperature": 0.0,
-                "return_token_ids": True})
-            reference[(pi, mt)] = r.json()["choices"][0]["token_ids"]
+                "return_token_ids": True, "logprobs": True, "top_logprobs": 2})
+            choice = r.json()["choices"][0]
+            reference[(pi, mt)] = choice["token_ids"]
+            ref_gaps[(pi, mt)] = [_top2_gap(c) for c in choice["logprobs"]["content"]]
     finally:
         stop_serve(ref_proc)
     differ = [(pi, mt) for pi, mt, toks in h.completed if toks != reference[(pi, mt)]]
+    # Where an answer first differs, and how close the reference's two best tokens were there:
+    # a near tie flips on a last-bit difference (another batch), a wide gap means other KV.
+    first_diffs = []
+    for pi, mt, toks in h.completed:
+        ref = reference[(pi, mt)]
+        if toks != ref:
+            at = next((j for j, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
+            gap = ref_gaps[(pi, mt)][at] if at < len(ref_gaps[(pi, mt)]) else None
+            first_diffs.append({"prompt": pi, "max_tokens": mt, "first_diff_token": at,
+                                "reference_top2_gap": gap})
     leaked = {n: g for n, g in after.items() if any(v != 0 for v in g.values())}
     out = {**provenance(), "config": vars(args),
            "cpu_binding": {"prefill": "0", "decode": "1", "reference": "0-1"},
@@ -306,7 +329,8 @@ def main() -> None:
            "actions": dict(Counter(a for _, a, _, _ in plan)),
            "outcomes": dict(h.outcomes), "completed": len(h.completed),
            "distinct_references": len(reference), "differ_from_reference": len(differ),
-           "differ_examples": differ[:10], "errors_without_message": h.bad[:50],
+           "differ_examples": differ[:10], "first_differences": first_diffs,
+           "errors_without_message": h.bad[:50],
            "num_errors_without_message": len(h.bad),
            "kills": kill_log, "engine_exits_logged": exits,
            "engine_crashes": exits - len(kill_log),

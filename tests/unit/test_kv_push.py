@@ -12,7 +12,7 @@ import pytest
 
 from loadwise.kv.pull_transport import BlockServer, PullOrder
 from loadwise.kv.push_transport import PushHub, PushItem, receive_push
-from loadwise.vllm.kv_push import PushTracker
+from loadwise.vllm.kv_push import PushSender, PushSteps, PushTracker
 
 FP = b"fingerprint"
 LAYERS = 3
@@ -213,5 +213,33 @@ def test_a_cancel_waits_for_the_read_under_way_and_nothing_is_read_after_it() ->
         # Block 8 is recomputed unless all of it was read before the cancel.
         assert result in ([{8}], [set()]) if read_before == 2 * LAYERS else result == [{8}]
         assert {(7, layer) for layer in range(LAYERS)} <= set(landed)
+    finally:
+        server.close()
+
+
+def test_a_cached_block_computed_by_this_steps_forward_is_sent_as_the_forward_left_it(
+        ) -> None:
+    # vLLM caches a block when it allocates it: a request's cache hit (block 5) can be a block
+    # that another request of the same step computes in this forward. Its bytes are sent only
+    # after the forward, never the stale ones from before it.
+    stale, fresh = b"\x01" * NBYTES[0], b"\x02" * NBYTES[0]
+    cache = {(b, layer): stale for b in (5, 6) for layer in range(LAYERS)}
+    hub = PushHub(FP, lambda b, layer: cache[(b, layer)], LAYERS, lease_s=0.5, wait_s=1.0)
+    server = BlockServer("127.0.0.1", 0, FP, lambda b: b"", on_register=hub.serve)
+    try:
+        landed: dict[tuple[int, int], bytes] = {}
+        t, result = receive_in_thread(order(server.port), landed)  # decode slots 7, 8
+        steps = PushSteps(ready=[("push1", PushItem(0, None, 5, h(0)))],
+                          computed=[("push1", PushItem(1, None, 6, h(1)))])
+        sender = PushSender(hub)
+        sender.before_forward(steps)
+        time.sleep(0.3)  # a block handed over before the forward would be read by now
+        for layer in range(LAYERS):  # the forward
+            cache[(5, layer)] = cache[(6, layer)] = fresh
+            sender.layer_computed(steps, layer)
+        sender.after_forward(steps)
+        t.join(5)
+        assert result == [set()]
+        assert landed == {(slot, layer): fresh for slot in (7, 8) for layer in range(LAYERS)}
     finally:
         server.close()

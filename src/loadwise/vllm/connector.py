@@ -33,7 +33,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from dataclasses import replace as replace_ref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,7 +56,7 @@ from loadwise.vllm import compat
 from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
 from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.vllm.kv_pull import BlockBytes, PullScheduler, PullWorker
-from loadwise.vllm.kv_push import PushSteps, PushTracker, push_id_of
+from loadwise.vllm.kv_push import PushSender, PushSteps, PushTracker, push_id_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -133,6 +132,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         self.push = PushTracker(self.block_size) if self.handoff == "push" and scheduler \
             else None
         self.puller: PullWorker | None = None
+        self._sender: PushSender | None = None  # push, on the worker: the hub's step order
         group = kv_cache_config.kv_cache_groups[0]
         block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
         self.planner = ConnectorPlanner(self.block_size, self.store.contains, self.key_of,
@@ -326,6 +326,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         if self.handoff != "store":
             self._bytes = BlockBytes(layers)
             self.puller = PullWorker(self._bytes, self.fp, *self._pull_addr)
+            self._sender = PushSender(self.puller.hub)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         # Called before every forward with a connector; start_load_kv may come after it
@@ -344,8 +345,6 @@ class FlatKVConnector(KVConnectorBase_V1):
             self._start_pulls(meta)
         if meta.loads:
             self._load(meta)
-        if meta.push is not None:
-            self._push_ready(meta.push)
 
     def _load(self, meta: FlatKVMetadata) -> None:
         t0 = time.perf_counter()
@@ -390,24 +389,17 @@ class FlatKVConnector(KVConnectorBase_V1):
         return None
 
     def _push_ready(self, steps: PushSteps) -> None:
-        """Blocks ready before the forward go whole; finished prefills are held (cancels are
-        handled before the forward, in ``bind_connector_metadata``)."""
         try:
-            assert self.puller is not None, "a push reached a worker without push"
-            hub = self.puller.hub
-            for push_id, item in steps.ready:
-                hub.add(push_id, (item,))
-            for push_id, rid, aborted in steps.holds:
-                hub.hold(push_id, rid, aborted)
+            assert self._sender is not None, "a push reached a worker without push"
+            self._sender.after_forward(steps)
         except Exception:  # noqa: BLE001 (logged once)
             self._log_once("handing blocks to the push failed; decode recomputes them")
             self._unheld.update(rid for _, rid, _ in steps.holds)
 
     def _push_cancel(self, steps: PushSteps) -> None:
         try:
-            assert self.puller is not None, "a push reached a worker without push"
-            for push_id in steps.cancels:
-                self.puller.hub.cancel(push_id)
+            assert self._sender is not None, "a push reached a worker without push"
+            self._sender.before_forward(steps)
         except Exception:  # noqa: BLE001 (logged once)
             self._log_once("cancelling a push failed")
 
@@ -463,10 +455,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         if not isinstance(meta, FlatKVMetadata) or meta.push is None or not meta.push.computed:
             return
         try:
-            assert self.puller is not None, "a push reached a worker without push"
-            layer = self._bytes.layer_index[layer_name]
-            for push_id, item in meta.push.computed:
-                self.puller.hub.add(push_id, (replace_ref(item, layer=layer),))
+            assert self._sender is not None, "a push reached a worker without push"
+            self._sender.layer_computed(meta.push, self._bytes.layer_index[layer_name])
         except Exception:  # noqa: BLE001 (logged once)
             self._log_once("pushing a computed layer failed; decode recomputes its blocks")
 
@@ -474,6 +464,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata):
             return
+        if meta.push is not None:
+            self._push_ready(meta.push)
         t0 = time.perf_counter()
         if (meta.saves or meta.drops or meta.demotes) and not self._save_failed:
             try:

@@ -2,9 +2,11 @@
 a remote decode (``kv_transfer_params.push_id``) each step makes ready, so the worker can send
 them as they are computed.
 
-A block is sent whole when it is ready before the forward (vLLM's own cache had it, or the store
-loaded it), and layer by layer, from ``save_kv_layer``, when the step computes it. Only full
-prompt blocks are sent: decode computes the rest.
+A block is sent whole when it was ready at the step's start (vLLM's own cache had it, or the
+store loaded it), and layer by layer, from ``save_kv_layer``, when the step computes it. Only
+full prompt blocks are sent: decode computes the rest. The whole blocks are handed over after
+the step's forward: vLLM caches a block when it allocates it, so a cache hit may be a block
+that another request computes in the same forward.
 
 A preempted prefill's blocks go back to vLLM's allocator in the step that preempts it, and that
 step's forward may fill them for another request: its push is cancelled before that forward
@@ -13,11 +15,12 @@ step's forward may fill them for another request: its push is cancelled before t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadwise.kv.push_transport import PushItem
+from loadwise.kv.push_transport import PushHub, PushItem
 
 
 @dataclass(slots=True)
@@ -107,3 +110,29 @@ class PushTracker:
             return False
         self._pending.holds.append((t.push_id, request_id, aborted))
         return True
+
+
+class PushSender:
+    """Prefill's worker side of one step's pushes, in the order vLLM runs the step."""
+
+    def __init__(self, hub: PushHub) -> None:
+        self.hub = hub
+
+    def before_forward(self, steps: PushSteps) -> None:
+        """Cancels: a preempted prefill's blocks may be written by this very forward."""
+        for push_id in steps.cancels:
+            self.hub.cancel(push_id)
+
+    def layer_computed(self, steps: PushSteps, layer: int) -> None:
+        """The forward has written ``layer`` of the blocks this step fills."""
+        for push_id, item in steps.computed:
+            self.hub.add(push_id, (dataclasses.replace(item, layer=layer),))
+
+    def after_forward(self, steps: PushSteps) -> None:
+        """Whole blocks ready at the step's start, and the holds of finished prefills. Never
+        before the forward: a cache hit may be a block that another request of this step
+        computes in it (vLLM caches a block when it allocates it)."""
+        for push_id, item in steps.ready:
+            self.hub.add(push_id, (item,))
+        for push_id, rid, aborted in steps.holds:
+            self.hub.hold(push_id, rid, aborted)
