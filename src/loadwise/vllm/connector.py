@@ -180,9 +180,11 @@ class FlatKVConnector(KVConnectorBase_V1):
                 c.handoff_blocks += pulled // self.block_size
                 c.lookup_s += time.perf_counter() - t0
                 return pulled, pulled > 0
+        if not self.reuse:  # no store behind this engine: nothing is looked up or counted
+            return 0, False
         try:
             n = self.planner.match(compat.request_block_hashes(request), request.num_tokens,
-                                   num_computed_tokens) if self.reuse else 0
+                                   num_computed_tokens)
         except Exception:  # a lookup failure is a miss, never an engine error
             logger.exception("loadwise: KV store lookup failed; treated as a miss")
             n = 0
