@@ -243,3 +243,50 @@ def test_a_cached_block_computed_by_this_steps_forward_is_sent_as_the_forward_le
         assert landed == {(slot, layer): fresh for slot in (7, 8) for layer in range(LAYERS)}
     finally:
         server.close()
+
+
+def test_a_push_cancelled_before_decode_registers_is_refused_at_once() -> None:
+    # A prefill that never ran (or was preempted) cancels its push; a decode that registers
+    # afterwards gets an error at once instead of waiting for layers that will never come.
+    hub = PushHub(FP, layer_bytes, LAYERS, lease_s=0.5, wait_s=30.0)
+    server = BlockServer("127.0.0.1", 0, FP, lambda b: b"", on_register=hub.serve)
+    try:
+        hub.cancel("push1")
+        hub.add("push1", [PushItem(0, None, 3, h(0))])  # arrives late: ignored
+        t0 = time.monotonic()
+        failed = receive_push(order(server.port), FP, lambda b, layer, p: None, NBYTES,
+                              timeout_s=30.0)
+        assert failed == {7, 8}
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        server.close()
+
+
+def test_a_block_whose_load_failed_cancels_its_push_and_its_hold_is_released_at_once(
+        ) -> None:
+    # push1's ready block 5 failed to load (its bytes are not the prompt's): decode must land
+    # nothing of push1 (the forward computes its next block from block 5), push2 is untouched.
+    hub = PushHub(FP, layer_bytes, LAYERS, lease_s=30.0, wait_s=30.0)
+    server = BlockServer("127.0.0.1", 0, FP, lambda b: b"", on_register=hub.serve)
+    try:
+        landed: dict[tuple[int, int], bytes] = {}
+        t, result = receive_in_thread(order(server.port), landed)  # push1 -> slots 7, 8
+        steps = PushSteps(ready=[("push1", PushItem(0, None, 5, h(0))),
+                                 ("push2", PushItem(0, None, 9, h(0)))],
+                          computed=[("push1", PushItem(1, None, 6, h(1)))])
+        sender = PushSender(hub)
+        assert sender.loads_failed(steps, {5}) == {"push1"}
+        for layer in range(LAYERS):
+            sender.layer_computed(steps, layer)
+        sender.after_forward(steps)
+        t.join(5)
+        assert result == [{7, 8}] and landed == {}
+        hub.hold("push1", "prefill-1", aborted=False)
+        assert released_soon(hub) == {"prefill-1"}  # not at lease expiry, 30 s away
+        received: dict[tuple[int, int], bytes] = {}
+        o2 = PullOrder("d2", "push2", "127.0.0.1", server.port, 0, (4,), (h(0),), push=True)
+        assert receive_push(o2, FP, lambda b, layer, p: received.__setitem__((b, layer), p),
+                            NBYTES, timeout_s=5.0) == set()
+        assert received == {(4, layer): layer_bytes(9, layer) for layer in range(LAYERS)}
+    finally:
+        server.close()

@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +31,8 @@ from loadwise.kv.disagg_ledger import block_matches
 from loadwise.kv.pull_transport import PullOrder, TransferError, _int, recv_frame, send_frame
 
 logger = logging.getLogger("loadwise.kv")
+
+MAX_CANCELLED = 65536  # cancelled push ids remembered (a few MB at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,9 @@ class PushHub:
         self.lease_s = lease_s
         self.wait_s = wait_s
         self._pushes: dict[str, _Push] = {}
+        # Cancelled push ids, oldest first: whatever arrives for one later (a registration, a
+        # layer the forward computed, a hold) is refused or released at once.
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._released: set[str] = set()
         self._cond = threading.Condition()
         self.layers_sent = self.completed = self.failed = self.expired = 0
@@ -74,6 +79,8 @@ class PushHub:
     # --- the engine's side --------------------------------------------------------------------
     def add(self, push_id: str, items: Sequence[PushItem]) -> None:
         with self._cond:
+            if push_id in self._cancelled:
+                return
             p = self._pushes.setdefault(push_id, _Push())
             if not p.done:
                 p.items.extend(items)
@@ -82,6 +89,9 @@ class PushHub:
     def hold(self, push_id: str, request_id: str, aborted: bool) -> None:
         """The prefill finished; vLLM keeps its blocks until this push releases them."""
         with self._cond:
+            if push_id in self._cancelled:  # no read can be under way (see cancel)
+                self._released.add(request_id)
+                return
             p = self._pushes.setdefault(push_id, _Push())
             p.request_id = request_id
             p.expires_at_s = time.monotonic() + self.lease_s
@@ -90,12 +100,20 @@ class PushHub:
             self._maybe_release(push_id, p)
 
     def cancel(self, push_id: str) -> None:
-        """The prefill ended without running, or was preempted: nothing more is read or sent
-        for this push once this returns."""
+        """The prefill ended without running, was preempted, or loaded a block that failed:
+        nothing more is read or sent for this push once this returns, and a decode that
+        registers for it later is refused at once."""
         with self._cond:
-            p = self._pushes.setdefault(push_id, _Push())
+            self._cancelled[push_id] = None
+            while len(self._cancelled) > MAX_CANCELLED:
+                self._cancelled.popitem(last=False)
+            p = self._pushes.get(push_id)
+            if p is None:
+                return
             p.cancelled = True
             self._cond.notify_all()
+            if p.request_id is not None and not p.serving:
+                self._released.add(p.request_id)
             if not p.serving:
                 del self._pushes[push_id]
 
@@ -129,6 +147,10 @@ class PushHub:
         wanted = {(i, layer) for i in range(first, first + count)
                   for layer in range(self.num_layers)}
         with self._cond:
+            if push_id in self._cancelled:
+                send_frame(conn, {"error": f"push {push_id!r} was cancelled: the prefill was "
+                                           "aborted or preempted, or a block it loaded failed"})
+                return
             p = self._pushes.setdefault(push_id, _Push())
             if p.serving or p.done:
                 send_frame(conn, {"error": f"push {push_id!r} is already served or over"})

@@ -347,6 +347,8 @@ class FlatKVConnector(KVConnectorBase_V1):
             self._start_pulls(meta)
         if meta.loads:
             self._load(meta)
+            if meta.push is not None and self._load_errors:
+                self._push_loads_failed(meta.push)
 
     def _load(self, meta: FlatKVMetadata) -> None:
         t0 = time.perf_counter()
@@ -397,6 +399,13 @@ class FlatKVConnector(KVConnectorBase_V1):
         except Exception:  # noqa: BLE001 (logged once)
             self._log_once("handing blocks to the push failed; decode recomputes them")
             self._unheld.update(rid for _, rid, _ in steps.holds)
+
+    def _push_loads_failed(self, steps: PushSteps) -> None:
+        try:
+            assert self._sender is not None, "a push reached a worker without push"
+            self._sender.loads_failed(steps, self._load_errors)
+        except Exception:  # noqa: BLE001 (logged once)
+            self._log_once("cancelling the push of a block that failed to load failed")
 
     def _push_cancel(self, steps: PushSteps) -> None:
         try:

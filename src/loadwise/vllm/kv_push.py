@@ -123,6 +123,16 @@ class PushSender:
         for push_id in steps.cancels:
             self.hub.cancel(push_id)
 
+    def loads_failed(self, steps: PushSteps, block_ids: set[int]) -> set[str]:
+        """Some of this step's loads failed (before the forward): a push whose ready blocks
+        include one is cancelled. vLLM recomputes that block in a later step, but this
+        forward computes the prompt's next blocks from its unfilled bytes, and decode would
+        keep the first copy of each layer it gets. Returns the cancelled push ids."""
+        bad = {push_id for push_id, item in steps.ready if item.block_id in block_ids}
+        for push_id in bad:
+            self.hub.cancel(push_id)
+        return bad
+
     def layer_computed(self, steps: PushSteps, layer: int) -> None:
         """The forward has written ``layer`` of the blocks this step fills."""
         for push_id, item in steps.computed:
