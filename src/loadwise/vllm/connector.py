@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -337,7 +338,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
         meta = connector_metadata
         if isinstance(meta, FlatKVMetadata) and meta.push is not None and meta.push.cancels:
-            self._push_cancel(meta.push)  # before this forward writes into freed blocks
+            push = meta.push  # cancelled before this forward writes into freed blocks
+            self._push("cancelling a push failed", lambda s: s.before_forward(push))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -347,8 +349,9 @@ class FlatKVConnector(KVConnectorBase_V1):
             self._start_pulls(meta)
         if meta.loads:
             self._load(meta)
-            if meta.push is not None and self._load_errors:
-                self._push_loads_failed(meta.push)
+            if (push := meta.push) is not None and self._load_errors:
+                self._push("cancelling the push of a block that failed to load failed",
+                           lambda s: s.loads_failed(push, self._load_errors))
 
     def _load(self, meta: FlatKVMetadata) -> None:
         t0 = time.perf_counter()
@@ -392,27 +395,16 @@ class FlatKVConnector(KVConnectorBase_V1):
             self.memory[ref.key] = blob
         return None
 
-    def _push_ready(self, steps: PushSteps) -> None:
+    def _push(self, what: str, call: Callable[[PushSender], object]) -> bool:
+        """``call(sender)``; False after a failure, logged once and never raised into vLLM
+        (decode recomputes whatever the push did not deliver)."""
         try:
             assert self._sender is not None, "a push reached a worker without push"
-            self._sender.after_forward(steps)
+            call(self._sender)
+            return True
         except Exception:  # noqa: BLE001 (logged once)
-            self._log_once("handing blocks to the push failed; decode recomputes them")
-            self._unheld.update(rid for _, rid, _ in steps.holds)
-
-    def _push_loads_failed(self, steps: PushSteps) -> None:
-        try:
-            assert self._sender is not None, "a push reached a worker without push"
-            self._sender.loads_failed(steps, self._load_errors)
-        except Exception:  # noqa: BLE001 (logged once)
-            self._log_once("cancelling the push of a block that failed to load failed")
-
-    def _push_cancel(self, steps: PushSteps) -> None:
-        try:
-            assert self._sender is not None, "a push reached a worker without push"
-            self._sender.before_forward(steps)
-        except Exception:  # noqa: BLE001 (logged once)
-            self._log_once("cancelling a push failed")
+            self._log_once(what)
+            return False
 
     def _start_pulls(self, meta: FlatKVMetadata) -> None:
         for rid, held in meta.holds:
@@ -465,18 +457,18 @@ class FlatKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata) or meta.push is None or not meta.push.computed:
             return
-        try:
-            assert self._sender is not None, "a push reached a worker without push"
-            self._sender.layer_computed(meta.push, self._bytes.layer_index[layer_name])
-        except Exception:  # noqa: BLE001 (logged once)
-            self._log_once("pushing a computed layer failed; decode recomputes its blocks")
+        push = meta.push
+        self._push("pushing a computed layer failed; decode recomputes its blocks",
+                   lambda s: s.layer_computed(push, self._bytes.layer_index[layer_name]))
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         if not isinstance(meta, FlatKVMetadata):
             return
-        if meta.push is not None:
-            self._push_ready(meta.push)
+        if (push := meta.push) is not None and not self._push(
+                "handing blocks to the push failed; decode recomputes them",
+                lambda s: s.after_forward(push)):
+            self._unheld.update(rid for _, rid, _ in push.holds)  # vLLM frees them now
         t0 = time.perf_counter()
         if (meta.saves or meta.drops or meta.demotes) and not self._save_failed:
             try:
