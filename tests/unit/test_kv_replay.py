@@ -67,7 +67,7 @@ def test_policy_contract(name: str, prompts: list[list[int]], mem_blocks: int,
                       ssd_bytes=ssd_blocks << 20, extent_blocks=extent_blocks)
     r = Replayer(policy, cfg, FAST)  # type: ignore[arg-type]
     for q in chained_trace(prompts):
-        mem0, ssd0 = set(r.memory), set(r.ssd.where)
+        mem0, ssd0 = set(r.memory), r.ssd.keys
         stored_prefix = 0
         for h in q.hash_ids[:q.input_tokens // 512]:
             if h not in r.seen or (h not in mem0 and h not in ssd0):
@@ -76,7 +76,7 @@ def test_policy_contract(name: str, prompts: list[list[int]], mem_blocks: int,
         hits0 = r.stats.hit_blocks
         policy.homes.clear()
         r.request(q)
-        mem1, ssd1 = set(r.memory), set(r.ssd.where)
+        mem1, ssd1 = set(r.memory), r.ssd.keys
         assert len(mem1) <= mem_blocks and len(ssd1) <= ssd_blocks
         assert r.stats.hit_blocks - hits0 == stored_prefix
         new_mem, new_ssd = mem1 - mem0, ssd1 - ssd0
@@ -217,7 +217,7 @@ def test_validation_slice_does_the_same_io_for_real(tmp_path: Path) -> None:
     assert s.measured_write_s is not None and s.measured_write_s > 0
     assert s.measured_read_s is not None and s.measured_read_s > 0
     assert io.missing_reads == 0
-    assert set(io.ssd.index) == set(r.ssd.where)
+    assert set(io.ssd.index) == r.ssd.keys
     assert io.ssd.read_calls == s.ssd_read_calls  # same coalescing in the model and the store
     io.close()
 

@@ -1,9 +1,10 @@
 """Trace replay: each request looks up its longest stored prefix (read back), recomputes the
 rest and stores its new blocks, under a placement policy and a finite-bandwidth device.
 
-The media are simulated (block accounting, same layout rules as the real store: memory LRU by
-block, SSD per-session extents evicted whole); time comes from a :class:`DeviceModel` whose
-numbers are measured on the real store (``loadwise.kv.bench``). Like vLLM and Mooncake, only
+The media are simulated: memory is an LRU of blocks; the SSD runs the real medium's
+:class:`~loadwise.kv.extents.ExtentLayout` (per-session extents, evicted whole) with no files.
+Time comes from a :class:`DeviceModel` whose numbers are measured on the real store
+(``loadwise.kv.bench``). Like vLLM and Mooncake, only
 full blocks are stored, so the ceiling (an infinite cache) counts full blocks only.
 
 Device scheduling, as a real store does it: prefix reads are on the request's critical path and
@@ -15,12 +16,12 @@ dropped (the block is lost). Load is raised by compressing arrival times (``spee
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from loadwise.errors import ConfigError
+from loadwise.kv.extents import ExtentLayout
 from loadwise.kv.lru import LruKeys
 from loadwise.kv.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest
@@ -76,58 +77,42 @@ class StoreConfig:
 
 
 class SimSSD:
-    """Per-session extents of up to ``extent_blocks`` contiguous slots; blocks never move; LRU
-    extent eviction. Capacity counts stored blocks: an extent's file grows as its session
-    appends (space is allocated per write, not reserved for the whole extent up front)."""
+    """The SSD medium with no files: the real medium's :class:`ExtentLayout` (per-session
+    extents, blocks never move, least recently used extent evicted whole), every block
+    ``block_bytes`` long and space allocated one block at a time. A capacity below one extent
+    shrinks the extent to the capacity; a capacity of 0 stores nothing."""
 
-    def __init__(self, capacity_blocks: int, extent_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self.extent_blocks = extent_blocks
-        self.where: dict[int, tuple[int, int]] = {}
-        self.extents: OrderedDict[int, list[int]] = OrderedDict()
-        self.open_extent: dict[int, int] = {}
-        self._next_id = 0
-        self._used_blocks = 0
+    def __init__(self, block_bytes: int, capacity_blocks: int, extent_blocks: int) -> None:
+        self.block_bytes = block_bytes
+        self.layout: ExtentLayout | None = None
+        if capacity_blocks > 0:
+            self.layout = ExtentLayout(capacity_blocks * block_bytes,
+                                       min(extent_blocks, capacity_blocks) * block_bytes,
+                                       prealloc_bytes=block_bytes)
 
     def __contains__(self, key: int) -> bool:
-        return key in self.where
+        return self.layout is not None and key in self.layout
+
+    @property
+    def keys(self) -> set[int]:
+        return set(self.layout.index) if self.layout is not None else set()
 
     @property
     def num_blocks(self) -> int:
-        return len(self.where)
+        return self.layout.num_blocks if self.layout is not None else 0
 
     def append(self, session: int, key: int) -> None:
-        if self.capacity_blocks <= 0 or key in self.where:
+        layout = self.layout
+        if layout is None or key in layout:
             return
-        while self._used_blocks >= self.capacity_blocks and self.extents:
-            old, keys = self.extents.popitem(last=False)
-            self._used_blocks -= len(keys)
-            for k in keys:
-                if self.where.get(k, (None,))[0] == old:
-                    del self.where[k]
-        eid = self.open_extent.get(session)
-        if eid is None or eid not in self.extents or len(self.extents[eid]) >= self.extent_blocks:
-            eid = self._next_id
-            self._next_id += 1
-            self.extents[eid] = []
-            self.open_extent[session] = eid
-        self.where[key] = (eid, len(self.extents[eid]))
-        self.extents[eid].append(key)
-        self._used_blocks += 1
-        self.extents.move_to_end(eid)
+        slot = layout.plan(session, self.block_bytes)
+        for eid in slot.evicted:
+            layout.drop(eid)
+        layout.put(key, session, slot.extent_id, slot.offset, self.block_bytes)
 
     def runs(self, keys: Sequence[int]) -> int:
         """Read calls needed: contiguous slots of one extent coalesce into one read."""
-        locs = sorted(self.where[k] for k in keys)
-        n = 0
-        prev: tuple[int, int] | None = None
-        for loc in locs:
-            if prev is None or loc[0] != prev[0] or loc[1] != prev[1] + 1:
-                n += 1
-            prev = loc
-        for eid in {loc[0] for loc in locs}:
-            self.extents.move_to_end(eid)
-        return n
+        return self.layout.runs(keys) if self.layout is not None else 0
 
 
 @dataclass(slots=True)
@@ -184,7 +169,8 @@ class Replayer:
         self.device = device
         self.speedup = speedup
         self.memory: LruKeys[int] = LruKeys(store.memory_bytes // store.block_bytes)
-        self.ssd = SimSSD(store.ssd_bytes // store.block_bytes, store.extent_blocks)
+        self.ssd = SimSSD(store.block_bytes, store.ssd_bytes // store.block_bytes,
+                          store.extent_blocks)
         self.seen: set[int] = set()  # the infinite cache: the ceiling
         self.refs: dict[int, int] = {}
         self.turns: dict[int, int] = {}  # requests seen per session so far

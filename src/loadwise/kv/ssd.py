@@ -12,7 +12,9 @@ Durability invariants:
     unacknowledged blocks are simply absent;
   * every read verifies the block's checksum (XXH3-64): a torn or corrupt block is reported
     missing, never returned.
-Blocks never move. Eviction drops whole extents (least recently used session first).
+Blocks never move. Eviction drops whole extents (least recently used session first). Where each
+block goes and what is evicted is decided by :class:`loadwise.kv.extents.ExtentLayout`, the same
+object the replay's simulated SSD uses; this module carries the decisions out on files.
 
 Checksum: XXH3-64 rather than zlib's CRC32, because a read verifies every byte it returns and
 on this 2-core VM CRC32 ran at ~1.8 GB/s against ~10 GB/s for XXH3 (cold buffers, just DMA'd:
@@ -41,15 +43,14 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from loadwise.errors import ConfigError, LoadwiseError
+from loadwise.kv.extents import Extent, ExtentLayout, Slot
 from loadwise.kv.ssd_read import (
     DIRECT_ALIGN,
     Location,
     Run,
-    align_up,
     block_checksum,
     buffer_address,
     buffer_bytes,
@@ -70,15 +71,6 @@ class StoreError(LoadwiseError, RuntimeError):
     """Storage problem the user must act on (unwritable directory, full disk)."""
 
 
-@dataclass(slots=True)
-class Extent:
-    extent_id: int
-    session: int
-    capacity_bytes: int  # most bytes this extent may hold
-    used_bytes: int = 0
-    allocated_bytes: int = 0  # preallocated on disk so far
-
-
 class SSDMedium:
     def __init__(self, root: str | Path, capacity_bytes: int, extent_bytes: int,
                  fsync: bool = True, prealloc_bytes: int | None = None,
@@ -88,9 +80,10 @@ class SSDMedium:
         measured on this store is the device's (a file system without O_DIRECT fails at the
         first read with a clear error; see :attr:`direct_reads`). ``read_depth`` sub-reads of
         ``read_chunk_bytes`` are in flight at once (1: one at a time, no worker thread)."""
-        if extent_bytes <= 0 or capacity_bytes < extent_bytes:
-            raise StoreError(f"SSD capacity {capacity_bytes} B must hold at least one extent "
-                             f"of {extent_bytes} B")
+        try:
+            self.layout = ExtentLayout(capacity_bytes, extent_bytes, prealloc_bytes)
+        except ConfigError as exc:
+            raise StoreError(str(exc)) from None
         if read_depth < 1 or read_chunk_bytes < DIRECT_ALIGN or read_chunk_bytes % DIRECT_ALIGN:
             raise ConfigError(f"read_depth must be >= 1 and read_chunk_bytes a positive multiple "
                              f"of {DIRECT_ALIGN}, got {read_depth} and {read_chunk_bytes}")
@@ -100,21 +93,15 @@ class SSDMedium:
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self.extent_bytes = extent_bytes
-        self.prealloc_bytes = max(1, min(prealloc_bytes or extent_bytes // 8 or 1, extent_bytes))
         self.fsync = fsync
         try:
             (self.root / "extents").mkdir(parents=True, exist_ok=True)
             self._journal = open(self.root / "index.journal", "ab+")  # noqa: SIM115
         except OSError as exc:
             raise StoreError(f"cannot use {self.root} for the SSD store: {exc.strerror}") from exc
-        self.index: dict[int, Location] = {}
-        self.extents: OrderedDict[int, Extent] = OrderedDict()  # LRU order, oldest first
-        self.session_extent: dict[int, int] = {}
-        self.blocks_in_extent: dict[int, list[int]] = {}
         self._fds: dict[int, int] = {}
         self._direct_fds: dict[int, int] = {}
         self.direct_reads = direct_reads
-        self._in_put: set[int] = set()  # extents written by the put in progress
         self.bytes_written = 0
         self.bytes_read = 0
         self.read_calls = 0  # contiguous runs read (one logical read each)
@@ -137,10 +124,9 @@ class SSDMedium:
             if magic != MAGIC or len(body) != n or zlib.crc32(bytes([op]) + body) != crc:
                 break
             if op == OP_PUT and n == PUT.size:
-                key, session, extent, offset, length, checksum = PUT.unpack(body)
-                self._index_put(key, session, extent, offset, length, checksum)
+                self.layout.put(*PUT.unpack(body))
             elif op == OP_DROP and n == DROP.size:
-                self._forget_extent(DROP.unpack(body)[0])
+                self.layout.drop(DROP.unpack(body)[0])
             else:
                 break
             pos += HEADER.size + n
@@ -151,59 +137,22 @@ class SSDMedium:
             self._sync(self._journal.fileno())
         self._journal.seek(0, os.SEEK_END)
         for path in (self.root / "extents").glob("*.ext"):
-            if int(path.stem) not in self.extents:
+            if int(path.stem) not in self.layout.extents:
                 path.unlink()  # an extent whose blocks were never acknowledged
 
-    def _index_put(self, key: int, session: int, extent_id: int, offset: int, length: int,
-                   checksum: int) -> None:
-        ext = self.extents.get(extent_id)
-        if ext is None:
-            ext = Extent(extent_id, session, max(self.extent_bytes, offset + length))
-            self.extents[extent_id] = ext
-            self.blocks_in_extent[extent_id] = []
-        ext.used_bytes = max(ext.used_bytes, offset + length)
-        ext.allocated_bytes = max(ext.allocated_bytes, self._round_up(ext.used_bytes))
-        self.session_extent[session] = extent_id
-        self.index[key] = Location(extent_id, offset, length, checksum)
-        self.blocks_in_extent[extent_id].append(key)
+    @property
+    def index(self) -> dict[int, Location]:
+        return self.layout.index
 
-    def _forget_extent(self, extent_id: int) -> None:
-        ext = self.extents.pop(extent_id, None)
-        for key in self.blocks_in_extent.pop(extent_id, []):
-            loc = self.index.get(key)
-            if loc is not None and loc.extent == extent_id:
-                del self.index[key]
-        if ext is not None and self.session_extent.get(ext.session) == extent_id:
-            del self.session_extent[ext.session]
+    @property
+    def extents(self) -> OrderedDict[int, Extent]:
+        return self.layout.extents
 
     # --- writes -------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
         """Bytes allocated on disk by live extents (what capacity limits)."""
-        return sum(e.allocated_bytes for e in self.extents.values())
-
-    def _round_up(self, n: int) -> int:
-        c = self.prealloc_bytes
-        return min(align_up(n, c), max(self.extent_bytes, n))
-
-    def _allocate(self, ext: Extent, end: int, evicted: list[int]) -> None:
-        """Make sure bytes [0, end) of the extent are allocated, evicting other extents first
-        if capacity needs it (never the extent being written)."""
-        target = self._round_up(end)
-        if target <= ext.allocated_bytes:
-            return
-        while self.used_bytes + target - ext.allocated_bytes > self.capacity_bytes:
-            dropped = self.evict_oldest(protect={ext.extent_id})
-            if dropped is None:
-                break  # only extents of this put are left: let it through, slightly over
-            evicted += dropped
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(self._fd(ext.extent_id), ext.allocated_bytes,
-                                   target - ext.allocated_bytes)
-        except OSError as exc:
-            raise self._io_error(exc) from exc
-        ext.allocated_bytes = target
+        return self.layout.used_bytes
 
     def put_many(self, session: int, blocks: Sequence[tuple[int, bytes]]) -> list[int]:
         """Append blocks to the session's extent; returns the keys evicted to make room.
@@ -212,26 +161,30 @@ class SSDMedium:
         evicted: list[int] = []
         records: list[bytes] = []
         added: list[int] = []
-        touched = self._in_put = set()
+        # Extents written by this put are never evicted by it: their PUT records are not
+        # journaled yet, and a DROP before them would let recovery resurrect blocks of a
+        # deleted file.
+        touched: set[int] = set()
         try:
             for key, payload in blocks:
                 if key in self.index:
                     continue
-                if len(payload) > self.extent_bytes:
-                    raise StoreError(f"block of {len(payload)} B exceeds the extent size "
-                                     f"{self.extent_bytes} B")
-                ext = self._extent_for(session, len(payload), evicted)
-                touched.add(ext.extent_id)
-                offset = ext.used_bytes
-                self._allocate(ext, offset + len(payload), evicted)
                 try:
-                    os.pwrite(self._fd(ext.extent_id), payload, offset)
+                    slot = self.layout.plan(session, len(payload), shielded=touched)
+                except ConfigError as exc:
+                    raise StoreError(str(exc)) from None
+                for eid in slot.evicted:
+                    evicted += self._evict(eid)
+                self._prepare(slot)
+                touched.add(slot.extent_id)
+                try:
+                    os.pwrite(self._fd(slot.extent_id), payload, slot.offset)
                 except OSError as exc:
                     raise self._io_error(exc) from exc
                 checksum = block_checksum(payload)
-                records.append(self._record(OP_PUT, PUT.pack(key, session, ext.extent_id,
-                                                             offset, len(payload), checksum)))
-                self._index_put(key, session, ext.extent_id, offset, len(payload), checksum)
+                records.append(self._record(OP_PUT, PUT.pack(key, session, slot.extent_id,
+                                                             slot.offset, len(payload), checksum)))
+                self.layout.put(key, session, slot.extent_id, slot.offset, len(payload), checksum)
                 added.append(key)
                 self.bytes_written += len(payload)
             for extent_id in touched:
@@ -240,61 +193,32 @@ class SSDMedium:
                 self._append_journal(records)
         except StoreError:
             for key in added:
-                self.index.pop(key, None)
+                self.layout.forget(key)
             raise
-        finally:
-            self._in_put = set()
         return evicted
 
-    def _extent_for(self, session: int, size: int, evicted: list[int]) -> Extent:
-        eid = self.session_extent.get(session)
-        if eid is not None:
-            ext = self.extents[eid]
-            if ext.used_bytes + size <= ext.capacity_bytes:
-                self.extents.move_to_end(eid)
-                return ext
-        # Room for the first chunk of a new extent (further chunks: _allocate).
-        while self.used_bytes + self._round_up(size) > self.capacity_bytes:
-            dropped = self.evict_oldest()
-            if dropped is None:
-                break
-            evicted += dropped
-        new_id = max(self.extents, default=-1) + 1
-        new_id = max(new_id, self._next_free_id())
-        path = self.root / "extents" / f"{new_id}.ext"
+    def _prepare(self, slot: Slot) -> None:
+        """Create the slot's extent file if new and allocate its space."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if slot.new_extent:
+                path = self.root / "extents" / f"{slot.extent_id}.ext"
+                self._fds[slot.extent_id] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            grow = slot.allocate_to_bytes - slot.allocated_bytes
+            if grow > 0 and hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(self._fd(slot.extent_id), slot.allocated_bytes, grow)
         except OSError as exc:
             raise self._io_error(exc) from exc
-        self._fds[new_id] = fd
-        ext = Extent(new_id, session, self.extent_bytes)
-        self.extents[new_id] = ext
-        self.blocks_in_extent[new_id] = []
-        self.session_extent[session] = new_id
-        return ext
 
-    def _next_free_id(self) -> int:
-        ids = [int(p.stem) for p in (self.root / "extents").glob("*.ext")]
-        return max(ids, default=-1) + 1
-
-    def evict_oldest(self, protect: set[int] | None = None) -> list[int] | None:
-        """Drop the least recently used extent (journaled first, then its file); returns its
-        keys, or None when nothing can be evicted. Extents written by the put in progress are
-        never evicted: their PUT records are not journaled yet, and a DROP before them would
-        let recovery resurrect blocks of a deleted file."""
-        shielded = self._in_put | (protect or set())
-        eid = next((e for e in self.extents if e not in shielded), None)
-        if eid is None:
-            return None
-        keys = [k for k in self.blocks_in_extent.get(eid, [])
-                if (loc := self.index.get(k)) is not None and loc.extent == eid]
-        self._append_journal([self._record(OP_DROP, DROP.pack(eid))])
-        self._forget_extent(eid)
+    def _evict(self, extent_id: int) -> list[int]:
+        """Drop an extent: journaled first, then forgotten, then its file deleted; returns
+        the keys it held."""
+        self._append_journal([self._record(OP_DROP, DROP.pack(extent_id))])
+        keys = self.layout.drop(extent_id)
         for fds in (self._fds, self._direct_fds):
-            fd = fds.pop(eid, None)
+            fd = fds.pop(extent_id, None)
             if fd is not None:
                 os.close(fd)
-        (self.root / "extents" / f"{eid}.ext").unlink(missing_ok=True)
+        (self.root / "extents" / f"{extent_id}.ext").unlink(missing_ok=True)
         return keys
 
     def _record(self, op: int, body: bytes) -> bytes:
@@ -353,9 +277,7 @@ class SSDMedium:
         out: list[memoryview | None] = [None] * len(keys)
         if runs:
             self._read_runs(runs, memoryview(into), out)  # type: ignore[arg-type]
-        for run in runs:
-            if run.extent in self.extents:
-                self.extents.move_to_end(run.extent)
+        self.layout.touch(run.extent for run in runs)
         return out
 
     def read_bytes_needed(self, keys: Sequence[int]) -> int:
