@@ -200,7 +200,7 @@ class SSDMedium:
     def _prepare(self, slot: Slot) -> None:
         """Create the slot's extent file if new and allocate its space."""
         try:
-            if slot.new_extent:
+            if slot.new_extent and slot.extent_id not in self._fds:  # not left by a failed put
                 path = self.root / "extents" / f"{slot.extent_id}.ext"
                 self._fds[slot.extent_id] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             grow = slot.allocate_to_bytes - slot.allocated_bytes
