@@ -273,8 +273,13 @@ def summarize(turns: list[Turn]) -> dict[str, Any]:
                 "retokenization_loss_tokens": sum(t.retokenization_loss_tokens for t in sel),
                 "read_back_of_reusable": (min(cached, reusable) / reusable) if reusable else None}
 
+    later = sorted({t.turn for t in turns if t.phase == "load" and t.turn > 1})
     return {"first_turns": group(lambda t: t.phase == "load" and t.turn == 1),
             "later_turns": group(lambda t: t.phase == "load" and t.turn > 1),
+            # A later turn's prompt grows with its turn number; the new user message and the
+            # last partial block are computed whatever the store holds.
+            "later_turns_by_turn": {n: group(lambda t, n=n: t.phase == "load" and t.turn == n)
+                                    for n in later},
             "after_restart": group(lambda t: t.phase == "restart"),
             "errors": [t.error for t in turns if t.error]}
 
@@ -390,6 +395,9 @@ def main() -> None:
     p.add_argument("--max-chars", type=int, default=2000,
                    help="longest user message kept, in characters")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--pool", type=int, default=4000,
+                   help="ShareGPT conversations drawn (seeded) before --min-chars picks "
+                   "--sessions of them; fewer have many turns")
     p.add_argument("--compiled", action="store_true",
                    help="torch.compile the engines (default: eager, which starts in seconds)")
     p.add_argument("--seed", type=int, default=0)
@@ -398,7 +406,7 @@ def main() -> None:
     args = p.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
     configs = args.configs.split(",")
-    chats = [c for c in sharegpt_chats(4000, args.turns, max_chars=args.max_chars,
+    chats = [c for c in sharegpt_chats(args.pool, args.turns, max_chars=args.max_chars,
                                        seed=args.seed)
              if sum(map(len, c)) >= args.min_chars][: args.sessions]
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
