@@ -73,8 +73,8 @@ def add_parser(sub: Any) -> None:
                        help="--disagg: how prefill's KV reaches decode: store (written to the "
                        "--kv-store, loaded by decode; default), pull (decode reads the blocks "
                        "from the prefill engine over localhost TCP and acknowledges) or push "
-                       "(experimental: decode registers its slots first; prefill sends each layer as it "
-                       "computes it). With pull and push the store keeps blocks for later turns")
+                       "(decode registers its slots first; prefill sends each layer as it computes "
+                       "it). With pull and push the store keeps blocks for later turns")
     serve.add_argument("--no-kv-reuse", action="store_true",
                        help="--disagg with --handoff pull or push: keep no blocks for later "
                        "turns (nothing is written to or read from the store)")
