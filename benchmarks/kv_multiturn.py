@@ -217,7 +217,7 @@ def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace
             log: Path) -> Iterator[str]:
     """The server of a configuration, started on entry and stopped on exit; yields its URL."""
     if config not in DISAGG:
-        with ServerProcess(spec) as server:
+        with ServerProcess(spec, log_path=log) as server:
             yield server.url
         return
     handoff, reuse = DISAGG[config]
