@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from loadwise.errors import ConfigError
 from loadwise.kv.ssd_read import Location, align_up, plan_runs
@@ -46,7 +46,7 @@ class Slot:
     new_extent: bool
     allocated_bytes: int  # the extent's allocation before this block
     allocate_to_bytes: int  # and what it must be for the block to fit
-    evicted: tuple[int, ...] = field(default_factory=tuple)
+    evicted: tuple[int, ...]
 
 
 class ExtentLayout:

@@ -91,8 +91,6 @@ class SSDMedium:
         self.read_chunk_bytes = read_chunk_bytes
         self._pool: ThreadPoolExecutor | None = None
         self.root = Path(root)
-        self.capacity_bytes = capacity_bytes
-        self.extent_bytes = extent_bytes
         self.fsync = fsync
         try:
             (self.root / "extents").mkdir(parents=True, exist_ok=True)
