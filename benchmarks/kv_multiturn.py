@@ -18,6 +18,13 @@ with the previous turn's prompt and answer (as token ids from the server), in wh
 previous turn computed. Re-tokenizing the chat can differ from the tokens generated, which ends
 reuse there: reported as ``retokenization_loss_tokens``.
 
+The target concerns later turns whose prefix vLLM's own cache had evicted: the JSON's
+``later_turns_by_reference_eviction`` takes the later turns on which the reference configuration
+(the first of --configs) got less than half of the reusable prefix from its own cache, and
+compares every configuration's TTFT p50 on exactly those (session, turn) pairs. vLLM's
+preemption count and time in its waiting queue are kept with the counters: when the cache is too
+small for the requests running at once, turns wait for space whatever the store holds.
+
 All configurations run at the same explicit CPU binding (a connector changes what `auto`
 reserves). Configurations are run in turn per rate, rates from low to high; the JSON keeps every request.
 
@@ -203,9 +210,13 @@ def metrics(url: str) -> dict[str, float]:
     if engines:
         return {f"{name}:{k}": v for name, u in engines.items() for k, v in metrics(u).items()}
     text = fetch_metrics(url, timeout_s=30)
+    # Preemptions and time in the waiting queue say whether requests waited for space in vLLM's
+    # cache (a histogram's buckets summed over their bounds mean nothing: sum and count only).
+    queue = {k: v for k, v in totals(text, "vllm:request_queue_time_seconds").items()
+             if not k.endswith("_bucket")}
     return {**totals(text, "vllm:prompt_tokens"), **totals(text, "vllm:generation_tokens"),
             **totals(text, "vllm:prefix_cache"), **totals(text, "vllm:external_prefix_cache"),
-            **totals(text, "loadwise:kv_")}
+            **totals(text, "vllm:num_preemptions"), **queue, **totals(text, "loadwise:kv_")}
 
 
 DISAGG = {"disagg-pull": ("pull", True), "disagg-pull-noreuse": ("pull", False),
@@ -372,6 +383,36 @@ def identity(results: list[dict[str, Any]], reference: str = "none") -> dict[str
     return out
 
 
+def evicted_turns(results: list[dict[str, Any]], reference: str = "none") -> dict[str, Any]:
+    """Later turns under load whose prefix the reference's own cache had evicted (it supplied
+    less than half of the reusable prefix), and the same (session, turn) in every configuration
+    at that rate: TTFT p50 on exactly those turns and its ratio to the reference's. The rest of
+    the later turns (the reference's cache still held the prefix) are reported the same way."""
+    out: dict[str, Any] = {}
+    by_rate: dict[float, dict[str, dict[tuple[int, int], dict[str, Any]]]] = {}
+    for r in results:
+        by_rate.setdefault(r["rate_sessions_s"], {})[r["config"]] = {
+            (t["session"], t["turn"]): t for t in r["turns"]
+            if t["phase"] == "load" and t["turn"] > 1 and t["error"] is None}
+    for rate, configs in by_rate.items():
+        ref = configs.get(reference)
+        if not ref:
+            continue
+        evicted = {k for k, t in ref.items() if 2 * t["cached_tokens"] < t["reusable_tokens"]}
+        for label, keys in (("evicted", evicted), ("kept", set(ref) - evicted)):
+            ref_p50 = pct([ref[k]["ttft_s"] for k in keys], 0.5)
+            for name, turns in configs.items():
+                common = [k for k in keys if k in turns]
+                p50 = pct([turns[k]["ttft_s"] for k in common], 0.5)
+                ref_common = pct([ref[k]["ttft_s"] for k in common], 0.5)
+                out[f"{name}@{rate:g}:{label}"] = {
+                    "requests": len(common), "ttft_p50_s": p50,
+                    "reference_ttft_p50_s": ref_common if name != reference else ref_p50,
+                    "ratio_to_reference": (p50 / ref_common) if p50 is not None and ref_common
+                    else None}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="0.1,0.3", help="session arrival rates per second")
@@ -441,8 +482,11 @@ def main() -> None:
                           "kv_cache_gib": args.kv_cache_gib, "max_num_seqs": base.max_num_seqs,
                           "block_tokens": BLOCK_TOKENS},
                "results": results, "greedy_identity": identity(results, configs[0]),
-               "greedy_identity_reference": configs[0]}
+               "greedy_identity_reference": configs[0],
+               "later_turns_by_reference_eviction": evicted_turns(results, configs[0])}
     path = write_result("kv-multiturn", payload)
+    for key, row in payload["later_turns_by_reference_eviction"].items():
+        print(f"{key}: {row}")
     print(f"results: {path}")
 
 
