@@ -71,6 +71,33 @@ class StoreError(LoadwiseError, RuntimeError):
     """Storage problem the user must act on (unwritable directory, full disk)."""
 
 
+JournalRecord = tuple[int, tuple[int, ...]]  # (OP_PUT, PUT fields) or (OP_DROP, (extent,))
+
+
+def journal_records(data: bytes, pos: int = 0) -> tuple[list[JournalRecord], int]:
+    """The whole, intact records of ``data`` from ``pos`` up to the first torn, corrupt or
+    unknown one, and where they end (a record still being appended is torn until it is whole)."""
+    out: list[JournalRecord] = []
+    while pos + HEADER.size <= len(data):
+        magic, crc, op, n = HEADER.unpack_from(data, pos)
+        body = data[pos + HEADER.size: pos + HEADER.size + n]
+        if magic != MAGIC or len(body) != n or zlib.crc32(bytes([op]) + body) != crc:
+            break
+        if op == OP_PUT and n == PUT.size:
+            out.append((op, PUT.unpack(body)))
+        elif op == OP_DROP and n == DROP.size:
+            out.append((op, DROP.unpack(body)))
+        else:
+            break
+        pos += HEADER.size + n
+    return out, pos
+
+
+def older_format(data: bytes) -> bool:
+    """Whether a journal was written in the refused CRC32 format (see the module docstring)."""
+    return len(data) >= 4 and struct.unpack_from("<I", data)[0] == MAGIC_V1
+
+
 class SSDMedium:
     def __init__(self, root: str | Path, capacity_bytes: int, extent_bytes: int,
                  fsync: bool = True, prealloc_bytes: int | None = None,
@@ -112,23 +139,16 @@ class SSDMedium:
     def _recover(self) -> None:
         self._journal.seek(0)
         data = self._journal.read()
-        pos = 0
-        if len(data) >= 4 and struct.unpack_from("<I", data)[0] == MAGIC_V1:
+        if older_format(data):
             raise StoreError(f"{self.root} holds a store in the older CRC32 format: move it away "
                              "or delete it (its blocks can be recomputed); nothing was changed")
-        while pos + HEADER.size <= len(data):
-            magic, crc, op, n = HEADER.unpack_from(data, pos)
-            body = data[pos + HEADER.size: pos + HEADER.size + n]
-            if magic != MAGIC or len(body) != n or zlib.crc32(bytes([op]) + body) != crc:
-                break
-            if op == OP_PUT and n == PUT.size:
-                self.layout.put(*PUT.unpack(body))
-            elif op == OP_DROP and n == DROP.size:
-                self.layout.drop(DROP.unpack(body)[0])
+        records, pos = journal_records(data)
+        for op, fields in records:
+            if op == OP_PUT:
+                self.layout.put(*fields)
             else:
-                break
-            pos += HEADER.size + n
-            self.recovered_records += 1
+                self.layout.drop(fields[0])
+        self.recovered_records = len(records)
         if pos < len(data):
             self.truncated_bytes = len(data) - pos
             self._journal.truncate(pos)
