@@ -8,7 +8,8 @@ seconds between an answer and their next turn, so many are interleaved; vLLM's o
 kept small (--kv-cache-gib) so that it has evicted a session's prefix by its next turn.
 
 Per configuration (`none`: vLLM with prefix caching; `example`: + vLLM's ExampleConnector;
-`files`: + loadwise's connector on files alone, `serve --kv-store`; `flat`, `tiered`: + loadwise's
+`files`: + loadwise's connector on files alone, `serve --kv-store`; `extents`: the same on
+the extent medium, `--kv-medium extents`; `flat`, `tiered`: + loadwise's
 connector with a memory tier of --kv-memory-gib under that placement policy) and rate, one fresh server and store:
 turns 1..TURNS-1 under load, then the server is stopped, started again on the same store, and
 every session's last turn is sent one at a time. Per request: TTFT (first streamed token),
@@ -254,6 +255,8 @@ def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> E
         return replace(base, server_extra_args=("--kv-transfer-config", json.dumps(transfer)))
     if config == "files":
         return replace(base, kv_store=KvStoreConfig(str(store), 8.0))
+    if config == "extents":
+        return replace(base, kv_store=KvStoreConfig(str(store), 8.0, medium="extents"))
     if config in ("flat", "tiered"):
         return replace(base, kv_store=KvStoreConfig(str(store), 8.0, memory_gib, config))
     if config in DISAGG:  # started by `loadwise serve --disagg` (serving)
@@ -425,6 +428,7 @@ def main() -> None:
                    help="vLLM's own KV cache (small, so prefixes are evicted between turns)")
     p.add_argument("--configs", default="none,example,flat,tiered",
                    help="none, example (ExampleConnector), files (loadwise, no memory tier), "
+                   "extents (loadwise on the extent medium, no memory tier), "
                    "flat, tiered (loadwise with --kv-memory-gib of memory), disagg-pull, "
                    "disagg-pull-noreuse, disagg-push (--disagg, with and without cross-turn "
                    "reuse)")

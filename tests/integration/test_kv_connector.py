@@ -17,12 +17,13 @@ PROMPT = ("Tell me a long story about a lighthouse keeper who finds a strange ma
 
 
 def _engine(model_dir: str, store: Path, memory_gib: float = 0.0,
-            policy: str = "flat", **extra: object) -> object:
+            policy: str = "flat", medium: str = "files", **extra: object) -> object:
     from loadwise.vllm.local import LocalEngine
 
     spec = EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=4,
                       kv_cache_space_gib=1, extra=dict(extra),
-                      kv_store=KvStoreConfig(str(store), 1.0, memory_gib, policy),
+                      kv_store=KvStoreConfig(str(store), 1.0, memory_gib, policy,
+                                             medium=medium),
                       cpu_binding=CpuBinding.parse(CPU_BINDING))
     return LocalEngine(spec)
 
@@ -80,6 +81,38 @@ def test_a_corrupt_stored_block_is_recomputed_and_the_answer_does_not_change(
     worker = read_stats(store)["worker"]
     assert worker["load_errors"] >= 2 and set(worker["load_error_reasons"]) == {
         "checksum mismatch"}
+
+
+def test_on_extents_a_restart_loads_the_prefix_and_a_corrupt_extent_is_recomputed(
+        model_dir: str, tmp_path: Path) -> None:
+    """The extent medium (one journal per engine, the session's blocks back to back): what
+    the file medium does above, through the journal followers."""
+    store = tmp_path / "store"
+    first = _engine(model_dir, store, medium="extents")
+    prompt = first.chat_prompt(PROMPT)  # type: ignore[attr-defined]
+    reference, _ = _generate(first, prompt)
+    num_prompt_blocks = len(first.tokenizer(prompt)["input_ids"]) // 128  # type: ignore[attr-defined]
+    first.shutdown()  # type: ignore[attr-defined]
+    extents = sorted((store / "writers" / "main" / "extents").glob("*.ext"))
+    assert extents
+    assert not list((store / "blocks").rglob("*.blk"))
+    second = _engine(model_dir, store, medium="extents")
+    try:
+        tokens, cached = _generate(second, prompt)
+        assert tokens == reference and cached >= 128 * num_prompt_blocks
+        loaded = read_stats(store)["worker"]
+        assert loaded["blocks_loaded"] >= num_prompt_blocks and loaded["load_errors"] == 0
+        assert loaded["store"]["num_blocks"] >= num_prompt_blocks
+        for path in extents:  # every stored block's bytes no longer match its checksum
+            data = bytearray(path.read_bytes())
+            data[:] = bytes(len(data))
+            path.write_bytes(bytes(data))
+        second.llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        tokens, _ = _generate(second, prompt)
+    finally:
+        second.shutdown()  # type: ignore[attr-defined]
+    assert tokens == reference
+    assert read_stats(store)["worker"]["load_errors"] >= 2
 
 
 def test_a_prefix_split_between_vllms_cache_and_the_store_loads_each_block_into_its_own_slot(

@@ -89,6 +89,27 @@ def test_new_blocks_are_saved_as_they_fill_and_stored_ones_are_skipped() -> None
     assert [(r.block_id, r.key) for r in plan.saves] == [(12, "b2")]
 
 
+def test_saves_carry_their_session_a_next_turn_keeps_it_a_new_chat_gets_another() -> None:
+    stored: set[str] = set()
+    p = planner(stored)
+    first = hashes(2, "d")
+    p.allocated("t1", first, [1, 2], 0, 0)
+    turn1 = p.plan_request("t1", [1, 2], replace=True, computed_after_step=2 * BS)
+    stored.update(r.key for r in turn1.saves)
+    p.finished("t1")
+    # The next turn extends the stored blocks: the same session (where an extent store puts
+    # its blocks next to the earlier ones).
+    second = [*first, b"d2"]
+    p.allocated("t2", second, [5, 6, 7], 0, p.match(second, 3 * BS + 1, 0))
+    turn2 = p.plan_request("t2", [5, 6, 7], replace=True, computed_after_step=3 * BS)
+    other = hashes(1, "e")
+    p.allocated("o", other, [9], 0, 0)
+    new_chat = p.plan_request("o", [9], replace=True, computed_after_step=BS)
+    assert [r.key for r in turn2.saves] == ["d2"] and [r.key for r in new_chat.saves] == ["e0"]
+    assert {r.session for r in turn1.saves} == {turn2.saves[0].session}
+    assert new_chat.saves[0].session != turn2.saves[0].session
+
+
 def test_blocks_are_saved_only_when_full_of_real_tokens() -> None:
     # Speculative decoding computes draft positions past the request's tokens: block 1 is
     # computed but its hash does not exist until its tokens are sampled.

@@ -53,6 +53,24 @@ def test_status_counts_blocks_per_engine_and_crash_leftovers(tmp_path: Path) -> 
     assert st.used_bytes == sum(v[1] for v in st.by_fingerprint.values())
 
 
+def test_status_counts_the_extent_medium_per_writer_and_engine(tmp_path: Path) -> None:
+    from loadwise.kv.extentstore import ExtentBlockStore
+
+    fp_a, fp_b = blockfile.fingerprint({"model": "a"}), blockfile.fingerprint({"model": "b"})
+    for name, fp, n in (("prefill", fp_a, 2), ("decode", fp_b, 3)):
+        store = ExtentBlockStore(tmp_path, 1 << 30, name, fsync=False)
+        store.open_for_writing()
+        for i in range(n):
+            h = f"{name}{i}".encode()
+            store.submit(blockfile.block_key(fp, h), blockfile.encode(fp, h, b"kv" * 8), 1)
+        store.flush()
+        store.close()
+    write_blocks(tmp_path, fp_a, 1)  # the file medium in the same directory counts too
+    st = store_status(tmp_path)
+    assert {fp: v[0] for fp, v in st.by_fingerprint.items()} == {fp_a.hex(): 3, fp_b.hex(): 3}
+    assert st.num_blocks == 6 and st.unreadable == 0
+
+
 def test_status_cli_prints_json_and_refuses_a_directory_that_is_no_store(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_blocks(tmp_path / "s", blockfile.fingerprint({"model": "a"}), 2)
@@ -96,6 +114,15 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
         KvStoreConfig(str(tmp_path), 1, -1)
     with pytest.raises(EngineConfigError, match="unknown --kv-policy 'lru'"):
         KvStoreConfig(str(tmp_path), 1, 1, "lru")
+    with pytest.raises(EngineConfigError, match="unknown --kv-medium 'tape'"):
+        KvStoreConfig(str(tmp_path), medium="tape")
+    extents = KvStoreConfig(str(tmp_path / "store"), 2.0, medium="extents").transfer_config()
+    assert extents["kv_connector_extra_config"]["medium"] == "extents"
+
+
+def test_kv_medium_needs_a_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--kv-medium", "extents"]) == 2
+    assert "--kv-medium need --kv-store DIR" in capsys.readouterr().err
 
 
 def test_vllm_flags_pass_through_after_loadwise_flags(model_dir: str) -> None:

@@ -64,6 +64,10 @@ def add_parser(sub: Any) -> None:
                        help="placement between memory and files: flat (decided when a block is "
                        "created; never moves) or tiered (memory first, evicted to the files, "
                        "promoted on a hit); default flat")
+    serve.add_argument("--kv-medium", default="files", choices=("files", "extents"),
+                       help="how --kv-store keeps blocks on disk: files (one per block) or "
+                       "extents (each session's blocks appended to its extent, one journal per "
+                       "engine); default files")
     serve.add_argument("--disagg", action="store_true",
                        help="disaggregated prefill/decode: a prefill engine and a decode engine, "
                        "each on half the cores (--cpu-binding's, else all), hand KV over through "
@@ -100,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from loadwise.vllm.server import ServerProcess
 
     if not args.kv_store and (args.kv_memory_gib or args.kv_policy != "flat"
-                              or args.kv_ssd_gib != KV_SSD_GIB_DEFAULT):
-        raise UsageError("--kv-ssd-gib, --kv-memory-gib and --kv-policy need --kv-store DIR")
+                              or args.kv_ssd_gib != KV_SSD_GIB_DEFAULT
+                              or (args.kv_medium != "files" and not args.disagg)):
+        raise UsageError("--kv-ssd-gib, --kv-memory-gib, --kv-policy and --kv-medium need "
+                         "--kv-store DIR")
     extra_env: dict[str, str] = {}
     if args.disagg and args.adaptive:
         raise UsageError("--disagg does not take --adaptive yet")
@@ -147,11 +153,13 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_store:
         from loadwise.vllm.config import KvStoreConfig
 
-        kv = KvStoreConfig(args.kv_store, args.kv_ssd_gib, args.kv_memory_gib, args.kv_policy)
+        kv = KvStoreConfig(args.kv_store, args.kv_ssd_gib, args.kv_memory_gib, args.kv_policy,
+                           medium=args.kv_medium)
         kv.check_usable()
         spec = replace(spec, kv_store=kv)
-        console.print(f"KV store: {Path(args.kv_store).resolve()} (files {args.kv_ssd_gib:g} GiB, "
-                      f"memory {args.kv_memory_gib:g} GiB, {args.kv_policy})")
+        console.print(f"KV store: {Path(args.kv_store).resolve()} ({args.kv_medium} "
+                      f"{args.kv_ssd_gib:g} GiB, memory {args.kv_memory_gib:g} GiB, "
+                      f"{args.kv_policy})")
     if args.adaptive:
         assert profile is not None  # --adaptive without --profile was refused above
         # Reject a mismatched profile before any engine starts.
@@ -221,7 +229,7 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
         store_dir = tmp_store
         gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
     kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff,
-                       reuse=not args.no_kv_reuse)
+                       reuse=not args.no_kv_reuse, medium=args.kv_medium)
     kv.check_usable()
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
     server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,

@@ -36,6 +36,7 @@ class BlockRef:
     block_hash: bytes
     medium: str = Medium.SSD.value
     promote: bool = False
+    session: int = 0  # the session that computed a saved block (where an extent store puts it)
 
 
 @dataclass(slots=True)
@@ -188,5 +189,5 @@ class ConnectorPlanner:
             self.sessions.claim(key, t.session)
             if placed.medium is not None:
                 plan.saves.append(BlockRef(t.block_ids[i], key, t.hashes[i],
-                                           placed.medium.value))
+                                           placed.medium.value, session=t.session.sid))
         t.done_blocks = max(t.done_blocks, full)

@@ -131,8 +131,9 @@ class FileBlockStore:
         self._writer = threading.Thread(target=self._run, name="loadwise-kv-writer", daemon=True)
         self._writer.start()
 
-    def submit(self, key: str, blob: bytes) -> bool:
-        """Queue a block for writing; False (and counted) when the queue is full."""
+    def submit(self, key: str, blob: bytes, session: int = 0) -> bool:
+        """Queue a block for writing; False (and counted) when the queue is full. ``session``
+        is not used here (every block has its own file)."""
         with self._lock:
             if self._queued_bytes + len(blob) > self.queue_bytes:
                 self.counters.saves_dropped += 1
@@ -141,7 +142,7 @@ class FileBlockStore:
         self._queue.put((key, blob))
         return True
 
-    def write_now(self, key: str, blob: bytes) -> None:
+    def write_now(self, key: str, blob: bytes, session: int = 0) -> None:
         """Write a block on the caller's thread (durable on return unless the write failed,
         which is counted): for shutdown, when nothing waits on the step path."""
         self._write(key, blob)

@@ -12,6 +12,7 @@ from loadwise.kv import blockfile
 from loadwise.kv.connector_stats import read_stats
 from loadwise.kv.filestore import SUFFIX
 from loadwise.kv.ssd import StoreError
+from loadwise.kv.ssd_follow import SSDFollower
 
 
 @dataclass(slots=True)
@@ -32,12 +33,51 @@ class StoreStatus:
                 "stats": self.stats}
 
 
+def _count(st: StoreStatus, head: bytes, size: int) -> None:
+    fp = blockfile.header_fingerprint(head)
+    if fp is None:
+        st.unreadable += 1
+        return
+    entry = st.by_fingerprint.setdefault(fp.hex(), [0, 0])
+    entry[0] += 1
+    entry[1] += size
+    st.num_blocks += 1
+    st.used_bytes += size
+
+
+def _count_extents(st: StoreStatus, writers: Path) -> None:
+    """Blocks of the extent medium (``--kv-medium extents``), as each writer's journal lists
+    them."""
+    for sub in sorted(p for p in writers.iterdir() if p.is_dir()):
+        follower = SSDFollower(sub)
+        try:
+            follower.refresh()
+            for loc in follower.index.values():
+                try:
+                    with open(sub / "extents" / f"{loc.extent}.ext", "rb") as fh:
+                        fh.seek(loc.offset)
+                        head = fh.read(blockfile.HEADER.size)
+                except OSError:
+                    st.unreadable += 1
+                    continue
+                _count(st, head, loc.length)
+        finally:
+            follower.close()
+
+
 def store_status(store_dir: str | Path) -> StoreStatus:
     root = Path(store_dir)
     blocks = root / "blocks"
-    if not blocks.is_dir():
-        raise StoreError(f"{store_dir} is not a loadwise KV store (no blocks/ directory)")
+    writers = root / "writers"
+    if not blocks.is_dir() and not writers.is_dir():
+        raise StoreError(f"{store_dir} is not a loadwise KV store (no blocks/ or writers/ "
+                         "directory)")
     st = StoreStatus(str(root))
+    if writers.is_dir():
+        _count_extents(st, writers)
+    if not blocks.is_dir():
+        st.stats = read_stats(root)
+        return st
     for sub in sorted(blocks.iterdir()):
         if not sub.is_dir():
             continue
@@ -52,14 +92,6 @@ def store_status(store_dir: str | Path) -> StoreStatus:
             except OSError:
                 st.unreadable += 1
                 continue
-            fp = blockfile.header_fingerprint(head)
-            if fp is None:
-                st.unreadable += 1
-                continue
-            entry = st.by_fingerprint.setdefault(fp.hex(), [0, 0])
-            entry[0] += 1
-            entry[1] += size
-            st.num_blocks += 1
-            st.used_bytes += size
+            _count(st, head, size)
     st.stats = read_stats(root)
     return st

@@ -94,6 +94,7 @@ KV_SSD_GIB_DEFAULT = 16.0
 
 
 HANDOFFS = ("store", "pull", "push")
+KV_MEDIA = ("files", "extents")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,9 @@ class KvStoreConfig:
     # Keep blocks for later turns (prefix reuse across requests and restarts). Off, nothing is
     # looked up or saved: only with a pull or push handoff, where the store is not the handoff.
     reuse: bool = True
+    # Where stored blocks live on disk: "files" (one file per block) or "extents" (each
+    # session's blocks appended to its extent, one journal per engine: the replay's medium).
+    medium: str = "files"
 
     def __post_init__(self) -> None:
         from loadwise.kv.placement import POLICIES
@@ -130,6 +134,9 @@ class KvStoreConfig:
         if not self.reuse and self.handoff == "store":
             raise EngineConfigError("turning KV reuse off needs --handoff pull or push: the "
                                     "store handoff hands KV over through the store")
+        if self.medium not in KV_MEDIA:
+            raise EngineConfigError(f"unknown --kv-medium {self.medium!r}: choose one of "
+                                    f"{', '.join(KV_MEDIA)}")
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
@@ -157,6 +164,8 @@ class KvStoreConfig:
                                               "sync_saves": self.sync_saves,
                                               "engine": self.engine,
                                               "handoff": self.handoff,
+                                              **({} if self.medium == "files" else
+                                                 {"medium": self.medium}),
                                               **({} if self.reuse else {"reuse": False}),
                                               **({} if self.pull_port is None else
                                                  {"pull_port": self.pull_port})}}

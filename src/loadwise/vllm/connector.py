@@ -50,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from loadwise.kv import blockfile
 from loadwise.kv.connector_plan import BlockRef, ConnectorPlanner, StepPlan
 from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, counter_delta, stats_side
+from loadwise.kv.extentstore import ExtentBlockStore
 from loadwise.kv.filestore import FileBlockStore
 from loadwise.kv.placement import create_policy_for_blocks
 from loadwise.kv.pull_transport import Held, PullOrder
@@ -113,7 +114,12 @@ class FlatKVConnector(KVConnectorBase_V1):
         memory_bytes = int(float(extra.get("memory_gib", 0.0)) * (1 << 30))
         self.block_size = vllm_config.cache_config.block_size
         self.fp = engine_fingerprint(vllm_config, kv_cache_config)
-        self.store = FileBlockStore(extra["store_dir"], capacity)
+        medium = str(extra.get("medium", "files"))
+        if medium not in ("files", "extents"):
+            raise ValueError(f"unknown medium {medium!r}: choose files or extents")
+        self.store: FileBlockStore | ExtentBlockStore = (
+            FileBlockStore(extra["store_dir"], capacity) if medium == "files" else
+            ExtentBlockStore(extra["store_dir"], capacity, str(extra.get("engine") or "main")))
         # True: saves are written before the step ends (a prefill engine's answer then
         # implies its blocks are stored); False: by the writer thread, off the step path.
         self.sync_saves = bool(extra.get("sync_saves", False))
@@ -523,9 +529,9 @@ class FlatKVConnector(KVConnectorBase_V1):
             if ref.medium == "memory":
                 self.memory[ref.key] = blob
             elif self.sync_saves:
-                self.store.write_now(ref.key, blob)
+                self.store.write_now(ref.key, blob, ref.session)
             else:
-                self.store.submit(ref.key, blob)
+                self.store.submit(ref.key, blob, ref.session)
             self.counters.blocks_staged += 1
         for key in meta.drops:
             self.memory.pop(key, None)
