@@ -239,6 +239,7 @@ def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace
              "--cpu-binding", args.cpu_binding]
     flags += [] if args.compiled else ["--enforce-eager"]
     flags += [] if reuse else ["--no-kv-reuse"]
+    flags += ["--kv-medium", args.kv_medium]
     proc, url = start_serve(flags, log)
     try:
         yield url
@@ -434,6 +435,8 @@ def main() -> None:
                    "reuse)")
     p.add_argument("--kv-memory-gib", type=float, default=0.25,
                    help="loadwise's memory tier for flat and tiered (the same for both)")
+    p.add_argument("--kv-medium", default="files", choices=("files", "extents"),
+                   help="the store's medium for the disagg-* configurations")
     p.add_argument("--cpu-binding", default="all")
     p.add_argument("--min-chars", type=int, default=1500,
                    help="sessions whose user messages total at least this many characters")
@@ -487,7 +490,9 @@ def main() -> None:
                           "block_tokens": BLOCK_TOKENS},
                "results": results, "greedy_identity": identity(results, configs[0]),
                "greedy_identity_reference": configs[0],
-               "later_turns_by_reference_eviction": evicted_turns(results, configs[0])}
+               # --disagg reports no cached prompt tokens per request: nothing to select on.
+               "later_turns_by_reference_eviction": {} if configs[0] in DISAGG
+               else evicted_turns(results, configs[0])}
     path = write_result("kv-multiturn", payload)
     for key, row in payload["later_turns_by_reference_eviction"].items():
         print(f"{key}: {row}")

@@ -82,6 +82,17 @@ def test_status_cli_prints_json_and_refuses_a_directory_that_is_no_store(
         store_status(tmp_path / "missing")
 
 
+def test_status_cli_shows_each_engine_of_a_disaggregated_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_blocks(tmp_path, blockfile.fingerprint({"model": "a"}), 1)
+    for engine in ("prefill", "decode"):
+        StatsFile(tmp_path, f"{engine}-worker").maybe_write(
+            ConnectorCounters(blocks_loaded=3), dict, force=True)
+    assert main(["kv", "status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "prefill-worker" in out and "decode-worker" in out and "blocks_loaded" in out
+
+
 def test_header_fingerprint_names_the_engine_or_none() -> None:
     fp = blockfile.fingerprint({"model": "a"})
     blob = blockfile.encode(fp, b"h", b"payload")

@@ -90,11 +90,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not stats:
             t.add_row(side, "(none written)", "")
             continue
-        for key in _STATUS_KEYS[side]:
+        # Sides are "scheduler" and "worker", or "<engine>-scheduler" and "<engine>-worker"
+        # with two engines on one store (--disagg).
+        kind = side.rsplit("-", 1)[-1]
+        for key in _STATUS_KEYS.get(kind, ()):
             if key in stats:
                 value = stats[key]
                 t.add_row(side, key, f"{value:.3f}" if isinstance(value, float) else str(value))
-        if side == "worker":
+        if kind == "worker":
             for reason, n in sorted(stats.get("load_error_reasons", {}).items()):
                 t.add_row(side, f"load error: {reason}", str(n))
             for key, value in sorted(stats.get("store", {}).items()):
