@@ -463,6 +463,7 @@ def main() -> None:
                       server_extra_args=("--enable-prompt-tokens-details",))
     made_by = provenance()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kv-multiturn-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     results = []
     for rate in rates:
         for config in configs:
