@@ -12,7 +12,9 @@ block goes (memory tier or files, by the placement policy) and plans loads, save
 evictions; only that plan crosses to the worker. The worker copies stored blocks into vLLM's KV
 buffers before the layers run (synchronously, in ``start_load_kv``), and after the forward
 copies each newly full block, all layers in one blob, into its memory tier or a staging buffer
-the writer thread writes from, so vLLM may reuse the block as soon as the step ends.
+the writer thread writes from, so vLLM may reuse the block as soon as the step ends. The files
+are one per block (``kv/filestore.py``) or, with ``"medium": "extents"``, each session's blocks
+appended to its extent in the engine's own journaled medium (``kv/extentstore.py``).
 
 Disaggregated prefill/decode (``loadwise serve --disagg``): both engines run this connector on
 one store. A request sent with ``kv_transfer_params: {"do_remote_decode": true}`` is a prefill;
