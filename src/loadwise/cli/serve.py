@@ -20,7 +20,7 @@ from loadwise.cli.common import (
     engine_spec,
     err,
 )
-from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
+from loadwise.vllm.config import KV_MEDIA, KV_SSD_GIB_DEFAULT
 
 
 def add_parser(sub: Any) -> None:
@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
                        help="placement between memory and files: flat (decided when a block is "
                        "created; never moves) or tiered (memory first, evicted to the files, "
                        "promoted on a hit); default flat")
-    serve.add_argument("--kv-medium", default="files", choices=("files", "extents"),
+    serve.add_argument("--kv-medium", default="files", choices=KV_MEDIA,
                        help="how --kv-store keeps blocks on disk: files (one per block) or "
                        "extents (each session's blocks appended to its extent, one journal per "
                        "engine); default files")

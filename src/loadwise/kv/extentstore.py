@@ -113,8 +113,9 @@ class ExtentBlockStore:
                 return True
         return False
 
-    def read(self, key: str) -> bytes | None:
-        """The block's blob, or None (absent, evicted, torn, corrupt or unreadable)."""
+    def read(self, key: str) -> memoryview | None:
+        """The block's blob (a view of the buffer it was read into), or None (absent, evicted,
+        torn, corrupt or unreadable)."""
         k = int_key(key)
         for attempt in range(2):
             self.refresh(force=attempt > 0)
@@ -125,11 +126,10 @@ class ExtentBlockStore:
                     except OSError:
                         got = None
                     if got is not None:
-                        data = bytes(got)
                         with self._lock:
                             self.counters.blocks_read += 1
-                            self.counters.bytes_read += len(data)
-                        return data
+                            self.counters.bytes_read += got.nbytes
+                        return got
         return None
 
     # --- writes (the engine's worker) ---------------------------------------------------------

@@ -57,7 +57,7 @@ from loadwise.kv.filestore import FileBlockStore
 from loadwise.kv.placement import create_policy_for_blocks
 from loadwise.kv.pull_transport import Held, PullOrder
 from loadwise.vllm import compat
-from loadwise.vllm.config import KV_SSD_GIB_DEFAULT
+from loadwise.vllm.config import KV_MEDIA, KV_SSD_GIB_DEFAULT
 from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.vllm.kv_pull import BlockBytes, PullScheduler, PullWorker
 from loadwise.vllm.kv_push import PushSender, PushSteps, PushTracker, push_id_of
@@ -117,8 +117,8 @@ class FlatKVConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.fp = engine_fingerprint(vllm_config, kv_cache_config)
         medium = str(extra.get("medium", "files"))
-        if medium not in ("files", "extents"):
-            raise ValueError(f"unknown medium {medium!r}: choose files or extents")
+        if medium not in KV_MEDIA:
+            raise ValueError(f"unknown medium {medium!r}: choose one of {', '.join(KV_MEDIA)}")
         self.store: FileBlockStore | ExtentBlockStore = (
             FileBlockStore(extra["store_dir"], capacity) if medium == "files" else
             ExtentBlockStore(extra["store_dir"], capacity, str(extra.get("engine") or "main")))
@@ -400,7 +400,7 @@ class FlatKVConnector(KVConnectorBase_V1):
         if ref.medium == "memory":
             self.counters.memory_blocks_loaded += 1
         elif ref.promote:
-            self.memory[ref.key] = blob
+            self.memory[ref.key] = bytes(blob)
         return None
 
     def _push(self, what: str, call: Callable[[PushSender], object]) -> bool:
