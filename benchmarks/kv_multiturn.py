@@ -33,8 +33,11 @@ Disaggregated prefill/decode (issue 24): ``disagg-pull`` (`loadwise serve --disa
 --kv-store DIR`: decode's blocks of each turn, its answer included, are kept in the store and the
 next turn's prefill loads them) against ``disagg-pull-noreuse`` (``--no-kv-reuse``: each turn's
 prefill has only its engine's own prefix cache); ``disagg-push`` likewise with the push handoff.
-Each engine gets --kv-cache-gib of vLLM cache; counters are both engines' (``prefill:``,
-``decode:``).
+Each engine gets --kv-cache-gib of vLLM cache (decode --decode-kv-cache-gib when given);
+counters are both engines' (``prefill:``, ``decode:``).
+
+Writes the JSON and a PNG of TTFT p50 per configuration and rate (``--replot JSON`` draws the
+PNG of an earlier result).
 
 Usage: python benchmarks/kv_multiturn.py [--rates 0.1,0.3] [--sessions 16] [--configs none,flat]
 """
@@ -240,6 +243,8 @@ def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace
     flags += [] if args.compiled else ["--enforce-eager"]
     flags += [] if reuse else ["--no-kv-reuse"]
     flags += ["--kv-medium", args.kv_medium]
+    if args.decode_kv_cache_gib is not None:
+        flags += ["--decode-kv-cache-gib", str(args.decode_kv_cache_gib)]
     proc, url = start_serve(flags, log)
     try:
         yield url
@@ -417,8 +422,49 @@ def evicted_turns(results: list[dict[str, Any]], reference: str = "none") -> dic
     return out
 
 
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """TTFT p50 per configuration and rate: later turns under load, the later turns whose
+    prefix the reference's own cache evicted, and the turns after the restart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in payload["results"] if "summary" in r]
+    evicted = payload.get("later_turns_by_reference_eviction") or {}
+    panels = [("later turns under load", lambda r: r["summary"]["later_turns"]["ttft_p50_s"])]
+    if evicted:
+        panels.append(("later turns the reference's cache evicted", lambda r: evicted.get(
+            f"{r['config']}@{r['rate_sessions_s']:g}:evicted", {}).get("ttft_p50_s")))
+    panels.append(("after the restart", lambda r: r["summary"]["after_restart"]["ttft_p50_s"]))
+    configs = list(dict.fromkeys(r["config"] for r in runs))
+    rates = sorted({r["rate_sessions_s"] for r in runs})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    width = 0.8 / max(1, len(configs))
+    for ax, (title, value) in zip(axes[0], panels, strict=True):
+        for i, config in enumerate(configs):
+            xs, ys = [], []
+            for j, rate in enumerate(rates):
+                got = [value(r) for r in runs
+                       if r["config"] == config and r["rate_sessions_s"] == rate]
+                if got and got[0] is not None:
+                    xs.append(j + i * width)
+                    ys.append(got[0])
+            ax.bar(xs, ys, width, label=config)
+        ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(rates))],
+                      [f"{r:g} sessions/s" for r in rates])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("TTFT p50 (s)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replot", metavar="JSON", default=None,
+                   help="only draw the PNG of an earlier result file, next to it")
     p.add_argument("--rates", default="0.1,0.3", help="session arrival rates per second")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=4, help="user turns per session (the last is "
@@ -437,6 +483,8 @@ def main() -> None:
                    help="loadwise's memory tier for flat and tiered (the same for both)")
     p.add_argument("--kv-medium", default="files", choices=("files", "extents"),
                    help="the store's medium for the disagg-* configurations")
+    p.add_argument("--decode-kv-cache-gib", type=float, default=None,
+                   help="disagg-*: the decode engine's vLLM cache (default --kv-cache-gib)")
     p.add_argument("--cpu-binding", default="all")
     p.add_argument("--min-chars", type=int, default=1500,
                    help="sessions whose user messages total at least this many characters")
@@ -452,6 +500,9 @@ def main() -> None:
     p.add_argument("--keep-stores", action="store_true")
     p.add_argument("--workdir", default=None)
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
+        return
     rates = [float(x) for x in args.rates.split(",")]
     configs = args.configs.split(",")
     chats = [c for c in sharegpt_chats(args.pool, args.turns, max_chars=args.max_chars,
@@ -495,6 +546,7 @@ def main() -> None:
                "later_turns_by_reference_eviction": {} if configs[0] in DISAGG
                else evicted_turns(results, configs[0])}
     path = write_result("kv-multiturn", payload)
+    plot(payload, path.with_suffix(".png"))
     for key, row in payload["later_turns_by_reference_eviction"].items():
         print(f"{key}: {row}")
     print(f"results: {path}")

@@ -22,6 +22,8 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
     (["serve", "--disagg", "--trim", str(PROFILE)], "--disagg does not take --trim"),
     (["serve", "--handoff", "pull"], "--handoff needs --disagg"),
     (["serve", "--disagg", "--no-kv-reuse"], "--no-kv-reuse needs --disagg with --handoff"),
+    (["serve", "--decode-kv-cache-gib", "1"], "--decode-kv-cache-gib needs --disagg"),
+    (["serve", "--disagg", "--decode-kv-cache-gib", "0"], "--decode-kv-cache-gib must be > 0"),
     (["tune", "--batch-sizes", "4,2"], "increasing"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),

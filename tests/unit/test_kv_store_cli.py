@@ -184,6 +184,11 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
     assert specs.prefill.kv_store.store_dir == specs.decode.kv_store.store_dir
     assert specs.prefill.kv_store.capacity_gib == specs.decode.kv_store.capacity_gib == 1.0
     assert specs.prefill.kv_store.pull_port is None
+    assert specs.prefill.kv_cache_space_gib == specs.decode.kv_cache_space_gib == 4
+    sized = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None,
+                                             kv_cache_space_gib=0.25), kv, (0, 1),
+                                  decode_kv_cache_gib=1.5)
+    assert (sized.prefill.kv_cache_space_gib, sized.decode.kv_cache_space_gib) == (0.25, 1.5)
     # Pulling: the prefill serves its blocks on a port of its own and writes off the step path.
     from dataclasses import replace
 

@@ -82,6 +82,11 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--no-kv-reuse", action="store_true",
                        help="--disagg with --handoff pull or push: keep no blocks for later "
                        "turns (nothing is written to or read from the store)")
+    serve.add_argument("--decode-kv-cache-gib", type=float, default=None,
+                       help="--disagg: the decode engine's vLLM KV cache in GiB (default: "
+                       "--kv-cache-gib, as the prefill engine's). Decode holds every running "
+                       "request's prompt and answer; prefill holds a prompt until it is handed "
+                       "over")
     serve.add_argument("--restart-dead-engines", action="store_true",
                        help="--disagg: start an engine that exits again on its port instead "
                        "of stopping (its requests get errors meanwhile)")
@@ -117,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--no-kv-reuse needs --disagg with --handoff pull or push")
     if args.restart_dead_engines and not args.disagg:
         raise UsageError("--restart-dead-engines needs --disagg")
+    if args.decode_kv_cache_gib is not None and not args.disagg:
+        raise UsageError("--decode-kv-cache-gib needs --disagg")
+    if args.decode_kv_cache_gib is not None and args.decode_kv_cache_gib <= 0:
+        raise UsageError(f"--decode-kv-cache-gib must be > 0, got {args.decode_kv_cache_gib:g}")
     if args.disagg and (args.trim or args.estimate_acceptance):
         raise UsageError("--disagg does not take --trim or --estimate-acceptance yet")
     if args.adaptive:
@@ -231,7 +240,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
     kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff,
                        reuse=not args.no_kv_reuse, medium=args.kv_medium)
     kv.check_usable()
-    specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores)
+    specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores,
+                                  decode_kv_cache_gib=args.decode_kv_cache_gib)
     server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,
                           restart_dead=args.restart_dead_engines,
                           start_timeout_s=args.start_timeout)

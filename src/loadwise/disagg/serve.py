@@ -56,20 +56,25 @@ class DisaggSpecs:
 
     @classmethod
     def from_spec(cls, spec: EngineSpec, store: KvStoreConfig,
-                  cores: tuple[int, ...] | None = None) -> DisaggSpecs:
+                  cores: tuple[int, ...] | None = None,
+                  decode_kv_cache_gib: float | None = None) -> DisaggSpecs:
         """Two engines of ``spec`` on one store. Handing over through the store, the prefill
         writes on the step path; pulling, it serves its blocks on a port of its own.
 
         Each engine's writer gets half of the store's capacity: a writer evicts only the
         blocks it knows (those on disk when it opened, and its own writes), so every file is
-        counted by at least one of them and the two together never exceed the capacity."""
+        counted by at least one of them and the two together never exceed the capacity.
+        ``decode_kv_cache_gib`` sizes decode's vLLM cache apart from prefill's (default:
+        ``spec``'s, as prefill's)."""
         p_bind, d_bind = split_cores(cores)
         pull = store.handoff != "store"
         half = replace(store, capacity_gib=store.capacity_gib / 2)
         prefill = replace(half, sync_saves=not pull, engine="prefill",
                           pull_port=free_port() if pull else None)
+        decode_gib = (spec.kv_cache_space_gib if decode_kv_cache_gib is None
+                      else decode_kv_cache_gib)
         return cls(replace(spec, cpu_binding=p_bind, kv_store=prefill),
-                   replace(spec, cpu_binding=d_bind,
+                   replace(spec, cpu_binding=d_bind, kv_cache_space_gib=decode_gib,
                            kv_store=replace(half, sync_saves=False, engine="decode",
                                             pull_port=None)))
 
