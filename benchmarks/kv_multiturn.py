@@ -238,7 +238,7 @@ def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace
     handoff, reuse = DISAGG[config]
     flags = ["--disagg", "--handoff", handoff, "--kv-store", str(store), "--kv-ssd-gib", "8",
              "--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
-             "--max-model-len", str(args.max_model_len), "--max-num-seqs", "16",
+             "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
              "--cpu-binding", args.cpu_binding]
     flags += [] if args.compiled else ["--enforce-eager"]
     flags += [] if reuse else ["--no-kv-reuse"]
@@ -491,6 +491,9 @@ def main() -> None:
     p.add_argument("--max-chars", type=int, default=2000,
                    help="longest user message kept, in characters")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=16,
+                   help="requests vLLM runs at once; with max-num-seqs x max-model-len within "
+                        "its KV cache, vLLM never preempts")
     p.add_argument("--pool", type=int, default=4000,
                    help="ShareGPT conversations drawn (seeded) before --min-chars picks "
                    "--sessions of them; fewer have many turns")
@@ -508,7 +511,7 @@ def main() -> None:
     chats = [c for c in sharegpt_chats(args.pool, args.turns, max_chars=args.max_chars,
                                        seed=args.seed)
              if sum(map(len, c)) >= args.min_chars][: args.sessions]
-    base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=16,
+    base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=args.max_num_seqs,
                       max_model_len=args.max_model_len, kv_cache_space_gib=args.kv_cache_gib,
                       enforce_eager=not args.compiled, cpu_binding=CpuBinding.parse(args.cpu_binding),
                       server_extra_args=("--enable-prompt-tokens-details",))
