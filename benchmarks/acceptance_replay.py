@@ -9,18 +9,20 @@ are accepted iff they equal the next tokens of the answer. Every answer position
 target produced a token is one drafting step of k = MAX_K drafts.
 
 * Estimator: requests arrive in order; each drafting step is predicted before its outcome is
-  observed (prequential), so every prediction is held out. Feature: the head's draft
-  distribution's largest probability at each position, known before the token is drawn. Run
-  twice: with loadwise's refits (the last 2,048 labelled drafts) and with vLLM's (one Newton
-  step on the last 100 requests).
+  observed (prequential), so every prediction is held out. Features: the head's draft
+  distribution's largest probability at each position, known before the token is drawn, and
+  the request's recent acceptance (``--history-alpha``). Run three times: loadwise's model
+  and refits (the last 2,048 labelled drafts); the draft distribution alone with the same
+  refits; vLLM's model and refits (one Newton step on the last 100 requests).
 * What the features allow: batch logistic fits on the first half of the steps, AUC on the
-  second, for the max probability alone and with the top-2 margin and the entropy.
+  second, for the max probability alone and with the top-2 margin, the entropy, the history.
 * Trimming: drafting steps grouped into batches of b; `policy.trim` keeps a prefix of each
   request's drafts with the estimator's survival and the verification cost T(b, drafts) of a
   tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing).
 
 Writes benchmarks/results/acceptance-replay-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/acceptance_replay.py --head DIR [--prompts 96] [--profile PATH]
+       python benchmarks/acceptance_replay.py --steps-from RESULT.json [--profile PATH]
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ from loadwise.drafter.train import collate, draft_index
 from loadwise.measure.profile import Profile, ProfileError
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
-from loadwise.policy.acceptance import AcceptanceEstimator, auc, calibration, logit_feature
+from loadwise.policy.acceptance import (
+    DEFAULT_HISTORY_ALPHA,
+    AcceptanceEstimator,
+    auc,
+    calibration,
+    logit_feature,
+)
 from loadwise.policy.trim import trim
 from loadwise.provenance import provenance
 from loadwise.vllm.binding import ALL, CpuBinding
@@ -67,11 +75,12 @@ def greedy_examples(model: str, prompts: list[str], max_tokens: int) -> list[Exa
 
 @torch.no_grad()
 def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor],
-                   extras: list[list[tuple[float, float]]] | None = None
-                   ) -> list[tuple[list[float], int]]:
+                   extras: list[list[tuple[float, float]]] | None = None,
+                   owners: list[int] | None = None) -> list[tuple[list[float], int]]:
     """Per drafting step: the draft distribution's max probability at positions 1..MAX_K and
     how many drafts greedy verification accepts. ``extras``, when given, gets per step the
-    second-largest probability and the entropy of each position's distribution."""
+    second-largest probability and the entropy of each position's distribution; ``owners``
+    the index of the example (request) the step belongs to."""
     to_draft = draft_index(head)
     steps: list[tuple[list[float], int]] = []
     for i, ex in enumerate(examples):
@@ -101,34 +110,45 @@ def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor
             steps.append((feats, accepted))
             if extras is not None:
                 extras.append(more)
+            if owners is not None:
+                owners.append(i)
     return steps
 
 
 FEATURE_SETS = {"max_prob": (), "max_prob+margin": ("margin",),
-                "max_prob+entropy": ("entropy",), "max_prob+margin+entropy": ("margin", "entropy")}
+                "max_prob+entropy": ("entropy",), "max_prob+margin+entropy": ("margin", "entropy"),
+                "max_prob+history": ("history",)}
 
 
 def feature_ceiling(steps: list[tuple[list[float], int]],
-                    extras: list[list[tuple[float, float]]]) -> dict[str, Any]:
+                    extras: list[list[tuple[float, float]]] | None, owners: list[int],
+                    history_alpha: float) -> dict[str, Any]:
     """What the features allow, fitting aside: a logistic model (per-position intercepts) fitted
     to convergence on the first half of the steps' labelled drafts, AUC on the second half.
-    Features: logit of the max probability; log(max / second) (margin); entropy."""
+    Features: logit of the max probability; log(max / second) (margin); entropy; logit of the
+    request's recent acceptance (the estimator's history feature, as the engine's gate keeps
+    it)."""
     import numpy as np
 
-    rows: list[tuple[int, int, float, float, float, int]] = []
-    for idx, ((feats, accepted), more) in enumerate(zip(steps, extras)):
+    hist = request_histories(steps, owners, history_alpha)
+    rows: list[tuple[int, int, float, float, float, int, float]] = []
+    for idx, (feats, accepted) in enumerate(steps):
         for j in range(1, min(accepted + 1, len(feats)) + 1):
-            q1, (q2, ent) = feats[j - 1], more[j - 1]
-            rows.append((idx, j, q1, q2, ent, int(j <= accepted)))
+            q2, ent = extras[idx][j - 1] if extras is not None else (math.nan, math.nan)
+            rows.append((idx, j, feats[j - 1], q2, ent, int(j <= accepted), hist[idx]))
     y = np.array([r[5] for r in rows], dtype=float)
     train = np.array([r[0] < len(steps) // 2 for r in rows])
     out: dict[str, Any] = {}
     for name, extra in FEATURE_SETS.items():
+        if extras is None and ("margin" in extra or "entropy" in extra):
+            continue  # recorded steps carry the max probability only
         cols = [[logit_feature(r[2]) for r in rows]]
         if "margin" in extra:
             cols.append([math.log(max(r[2], 1e-6) / max(r[3], 1e-6)) for r in rows])
         if "entropy" in extra:
             cols.append([r[4] for r in rows])
+        if "history" in extra:
+            cols.append([logit_feature(r[6]) for r in rows])
         cols += [[float(r[1] == j) for r in rows] for j in range(1, MAX_K + 1)]
         x = np.array(cols).T
         w = np.zeros(x.shape[1])
@@ -150,18 +170,41 @@ def mean_accepted(steps: list[tuple[list[float], int]]) -> dict[str, float]:
             "num_drafting_steps": len(steps), "num_accepted": accepted}
 
 
-def replay_estimator(steps: list[tuple[list[float], int]],
-                     fit_window: int | None = None) -> tuple[dict[str, Any], Any]:
-    est = (AcceptanceEstimator.create(MAX_K) if fit_window is None
-           else AcceptanceEstimator.create(MAX_K, fit_window=fit_window))
+def request_histories(steps: list[tuple[list[float], int]], owners: list[int],
+                      alpha: float) -> list[float]:
+    """Per step, its request's recent acceptance before the step (as the gate keeps it, from a
+    fixed prior of the steps' mean acceptance; for the batch fits only)."""
+    est = AcceptanceEstimator.create(MAX_K, history_alpha=alpha)
+    prior = sum(a for _, a in steps) / max(1, sum(min(a + 1, len(f)) for f, a in steps))
+    state: dict[int, float] = {}
+    out = []
+    for (feats, accepted), owner in zip(steps, owners):
+        h = state.get(owner, prior)
+        out.append(h)
+        state[owner] = est.next_history(h, min(accepted + 1, len(feats)), accepted)
+    return out
+
+
+def replay_estimator(steps: list[tuple[list[float], int]], owners: list[int],
+                     **config: Any) -> tuple[dict[str, Any], Any]:
+    """The estimator online, requests one after another as in the engine: every prediction is
+    made before its outcome is observed; with ``history_alpha`` each request's recent
+    acceptance is kept as the gate keeps it."""
+    est = AcceptanceEstimator.create(MAX_K, **config)
     preds: list[tuple[float, int, int, int]] = []  # (p, label, position, step index)
-    for idx, (feats, accepted) in enumerate(steps):
+    history: dict[int, float | None] = {}
+    for idx, ((feats, accepted), owner) in enumerate(zip(steps, owners)):
+        h = history.get(owner, est.prior_history() if est.uses_history else None)
         for j in range(1, min(accepted + 1, len(feats)) + 1):
-            preds.append((est.probability(j, feats[j - 1]), int(j <= accepted), j, idx))
-        est.observe(feats, accepted)
+            preds.append((est.probability(j, feats[j - 1], h), int(j <= accepted), j, idx))
+        est.observe(feats, accepted, h)
+        if est.uses_history:
+            history[owner] = est.next_history(h, min(accepted + 1, len(feats)), accepted)
     half = len(steps) // 2
     late = [(p, y) for p, y, _, i in preds if i >= half]
-    out = {"num_steps": len(steps), "num_labels": len(preds), "num_refits": est.num_refits,
+    out = {"config": {"history_alpha": est.config.history_alpha,
+                      "fit_window": est.config.fit_window},
+           "num_steps": len(steps), "num_labels": len(preds), "num_refits": est.num_refits,
            "auc_pooled": auc([(p, y) for p, y, _, _ in preds]),
            "auc_pooled_second_half": auc(late),
            "auc_per_position": {j: auc([(p, y) for p, y, jj, _ in preds if jj == j])
@@ -170,7 +213,8 @@ def replay_estimator(steps: list[tuple[list[float], int]],
                j: sum(y for _, y, jj, _ in preds if jj == j)
                / max(1, sum(1 for _, _, jj, _ in preds if jj == j)) for j in range(1, MAX_K + 1)},
            "calibration": [vars_bin(b) for b in calibration([(p, y) for p, y, _, _ in preds])],
-           "final_model": {"slope": est.slope, "bias": est.bias}}
+           "final_model": {"slope": est.slope, "history_slope": est.history_slope,
+                           "bias": est.bias}}
     return out, est
 
 
@@ -179,26 +223,33 @@ def vars_bin(b: Any) -> dict[str, float]:
             "accepted_share": round(b.accepted_share, 4), "count": b.count}
 
 
-def replay_trimming(steps: list[tuple[list[float], int]], profile: Profile) -> dict[str, Any]:
+def replay_trimming(steps: list[tuple[list[float], int]], owners: list[int], profile: Profile,
+                    history_alpha: float) -> dict[str, Any]:
     """Table (every draft verified) against trimming, per batch size, on the same steps; the
-    estimator runs online as it would in the engine."""
+    estimator runs online as it would in the engine (a batch is b consecutive drafting steps;
+    a request's history moves on after each batch)."""
     times = profile.step_times()
     out: dict[str, Any] = {}
     for b in BATCH_SIZES:
-        est = AcceptanceEstimator.create(MAX_K)
+        est = AcceptanceEstimator.create(MAX_K, history_alpha=history_alpha)
+        history: dict[int, float | None] = {}
         table = {"accepted": 0, "rejected_verified": 0, "verified": 0}
         trimmed = {"accepted": 0, "rejected_verified": 0, "verified": 0}
         for g in range(0, len(steps) - b + 1, b):
-            group = steps[g:g + b]
-            surv = [est.survival(f) for f, _ in group]
+            group = list(zip(steps[g:g + b], owners[g:g + b]))
+            hs = [history.get(o, est.prior_history() if est.uses_history else None)
+                  for _, o in group]
+            surv = [est.survival(f, h) for ((f, _), _), h in zip(group, hs)]
             d = trim(surv, lambda n, b=b: times.at(b, min(n / b, times.max_k)))
-            for (feats, acc), keep in zip(group, d.keep):
+            for ((feats, acc), owner), keep, h in zip(group, d.keep, hs):
                 for tally, k in ((table, len(feats)), (trimmed, keep)):
                     got = min(acc, k)
                     tally["accepted"] += got
                     tally["verified"] += k
                     tally["rejected_verified"] += min(k, got + 1) - got if k > got else 0
-                est.observe(feats, acc)
+                est.observe(feats, acc, h)
+                if est.uses_history:
+                    history[owner] = est.next_history(h, min(acc + 1, len(feats)), acc)
         out[str(b)] = {"table": table, "trimmed": trimmed,
                        "rejected_verified_cut": 1 - trimmed["rejected_verified"]
                        / max(1, table["rejected_verified"]),
@@ -233,18 +284,8 @@ def newest_ngram_profile() -> Path | None:
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head", required=True)
-    ap.add_argument("--prompts", type=int, default=96)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--profile", default=None)
-    ap.add_argument("--compare-head", default=None,
-                    help="another head (e.g. trained on human answers): its accepted drafts per "
-                         "drafting step on the same text")
-    args = ap.parse_args()
-    made_by = provenance()
-    t0 = time.perf_counter()
+def computed_steps(args: argparse.Namespace) -> tuple[Any, Any, list[int], dict[str, Any]]:
+    """The head's drafting steps on the target's greedy answers, computed here."""
     model = str(prepare().path)
     prompts = list(resolve("sharegpt").prompts[:args.prompts])
     examples = greedy_examples(model, prompts, args.max_tokens)
@@ -254,24 +295,73 @@ def main() -> None:
                            lambda n: None)
     head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
     extras: list[list[tuple[float, float]]] = []
-    steps = drafting_steps(head, examples, hidden, extras)
+    owners: list[int] = []
+    steps = drafting_steps(head, examples, hidden, extras, owners)
     heads = {"head": mean_accepted(steps)}
     if args.compare_head:
         other = load_head(Path(args.compare_head), target_cfg, weights["model.embed_tokens.weight"])
         heads["compare_head"] = mean_accepted(drafting_steps(other, examples, hidden))
+    return steps, extras, owners, heads
+
+
+def recorded_steps(path: str) -> tuple[Any, None, list[int], dict[str, Any]]:
+    """The drafting steps an earlier run of this script recorded (``raw_steps``). Results
+    written before steps carried their request: an answer's last drafting step is the only
+    one with a single draft (its next token is the answer's last), so it ends a request."""
+    import json
+
+    raw = json.loads(Path(path).read_text())["raw_steps"]
+    steps = [(list(r[0]), int(r[1])) for r in raw]
+    if all(len(r) == 3 for r in raw):
+        owners = [int(r[2]) for r in raw]
+    else:
+        owners, current = [], 0
+        for feats, _ in steps:
+            owners.append(current)
+            current += len(feats) == 1
+    return steps, None, owners, {"head": mean_accepted(steps)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--head", help="the EAGLE head whose drafts are replayed")
+    src.add_argument("--steps-from", metavar="JSON",
+                     help="an earlier acceptance-replay result: replay the estimator and "
+                          "trimming on its recorded drafting steps (no head, no engine)")
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
+                    help="the estimator's history feature (0: the draft distribution alone)")
+    ap.add_argument("--compare-head", default=None,
+                    help="another head (e.g. trained on human answers): its accepted drafts per "
+                         "drafting step on the same text")
+    args = ap.parse_args()
+    made_by = provenance()
+    t0 = time.perf_counter()
+    if args.steps_from:
+        steps, extras, owners, heads = recorded_steps(args.steps_from)
+    else:
+        steps, extras, owners, heads = computed_steps(args)
+    print(f"{len(steps)} drafting steps of {len(set(owners))} requests")
     print("accepted drafts per drafting step:", heads)
-    estimator, _ = replay_estimator(steps)
+    alpha = args.history_alpha
+    estimator, _ = replay_estimator(steps, owners, history_alpha=alpha)
     print({k: v for k, v in estimator.items() if k != "calibration"})
-    # vLLM's fitting scheme (one Newton step on the last 100 requests, then clear), same model.
-    one_step, _ = replay_estimator(steps, fit_window=0)
+    # The draft distribution alone (vLLM's model), loadwise's refits.
+    draft_only, _ = replay_estimator(steps, owners)
+    print("draft only:", {k: v for k, v in draft_only.items() if k != "calibration"})
+    # vLLM's model and fitting scheme (one Newton step on the last 100 requests, then clear).
+    one_step, _ = replay_estimator(steps, owners, fit_window=0)
     print("one-step refits:", {k: v for k, v in one_step.items() if k != "calibration"})
-    ceiling = feature_ceiling(steps, extras)
+    ceiling = feature_ceiling(steps, extras, owners, alpha or DEFAULT_HISTORY_ALPHA)
     print("batch fits, AUC on the second half:",
           {n: round(v["auc_second_half"], 4) for n, v in ceiling.items()})
     profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
     trimming = None
     if profile_path is not None:
-        trimming = replay_trimming(steps, Profile.load(profile_path))
+        trimming = replay_trimming(steps, owners, Profile.load(profile_path), alpha)
         for b, row in trimming.items():
             print(f"b={b}: rejected-verified cut {row['rejected_verified_cut']:.1%}, accepted "
                   f"kept {row['accepted_kept']:.1%}")
@@ -280,8 +370,9 @@ def main() -> None:
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
         "accepted_per_drafting_step": heads, "estimator": estimator,
-        "estimator_one_step_refits": one_step, "feature_ceiling": ceiling, "trimming": trimming,
-        "raw_steps": [[[round(q, 5) for q in f], a] for f, a in steps],
+        "estimator_draft_only": draft_only, "estimator_one_step_refits": one_step,
+        "feature_ceiling": ceiling, "trimming": trimming,
+        "raw_steps": [[[round(q, 5) for q in f], a, o] for (f, a), o in zip(steps, owners)],
         "wall_s": round(time.perf_counter() - t0, 1)})
     plot(estimator["calibration"], path.with_suffix(".png"),
          f"online estimator, held-out drafts (AUC {estimator['auc_pooled']:.3f})")

@@ -17,7 +17,7 @@ draft tokens - accepted. Every output is compared with the off server's for the 
 
 Writes benchmarks/results/draft-trim-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/draft_trim.py --head DIR [--profile PATH] [--table JSON] [--rounds 3]
-       [--loads 1,8,32] [--max-tokens 96] [--enforce-eager]
+       [--loads 1,8,32] [--max-tokens 96] [--enforce-eager] [--history-alpha 0.2]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.measure.serving import cpu_by_role, read_counters
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
+from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
 from loadwise.provenance import provenance
 from loadwise.vllm.binding import ALL, CpuBinding
 from loadwise.vllm.config import DraftGateConfig, EngineSpec, parse_table_arg
@@ -88,6 +89,8 @@ def main() -> None:
     ap.add_argument("--table", help="the head's draft-length table, inline JSON (default: k = 3 "
                     "at every batch size); trimming keeps it as the upper bound")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
+                    help="the estimator's history feature (0: the draft distribution alone)")
     args = ap.parse_args()
     profile = args.profile or str(newest_ngram_profile())
     loads = [int(x) for x in args.loads.split(",")]
@@ -100,9 +103,10 @@ def main() -> None:
     specs = {
         "off": base,
         "table": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
-            state_file=str(state_dir / "table.json"))),
+            state_file=str(state_dir / "table.json"), history_alpha=args.history_alpha)),
         "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
-            trim_profile=profile, state_file=str(state_dir / "trim.json"))),
+            trim_profile=profile, state_file=str(state_dir / "trim.json"),
+            history_alpha=args.history_alpha)),
     }
     names = list(specs)
     made_by = provenance()

@@ -319,6 +319,7 @@ def connector_share(stats: dict[str, dict[str, Any]]) -> dict[str, float | None]
 def run_config(config: str, base: EngineSpec, chats: list[tuple[str, ...]], rate: float,
                args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     store = workdir / f"{config}-{rate:g}"
+    shutil.rmtree(store, ignore_errors=True)  # every configuration starts on an empty store
     spec = spec_for(config, base, store, args.kv_memory_gib)
     model_name = Path(base.model).name
     sessions = [Session(i, msgs) for i, msgs in enumerate(chats)]

@@ -118,7 +118,7 @@ def test_refit_clears_its_statistics() -> None:
     for _ in range(5):
         est.observe([0.9, 0.2], 1)
     assert est.num_refits == 1
-    assert est._grad == [0.0, 0.0, 0.0]
+    assert est._grad == [0.0, 0.0, 0.0, 0.0]
     params = (est.slope, list(est.bias))
     est.refit()  # nothing gathered since: nothing moves
     assert (est.slope, est.bias) == params
@@ -175,3 +175,83 @@ def test_windowed_refits_reach_the_window_s_own_fit() -> None:
     assert moves[0] > 0.05
     assert moves[-1] < 1e-4
     assert all(b <= a + 1e-12 for a, b in itertools.pairwise(moves))
+
+
+def simulate_requests(est: AcceptanceEstimator, num_requests: int, seed: int,
+                      steps_per_request: int = 40) -> list[tuple[float, int]]:
+    """Requests with a hidden ease (a shift of every draft's logit, the same all through the
+    request, as text in code or boilerplate is easy to draft throughout); the estimator keeps
+    each request's history as the gate does. Returns (prediction made before the outcome,
+    label) of every verified draft of the last quarter of the requests."""
+    rng = random.Random(seed)
+    held_out: list[tuple[float, int]] = []
+    for r in range(num_requests):
+        ease = rng.choice((-1.5, 1.5))
+        h = None
+        for _ in range(steps_per_request):
+            qs = [rng.betavariate(2, 2) for _ in TRUE_BIAS]
+            accepted = 0
+            for j, q in enumerate(qs):
+                pred = est.probability(j + 1, q, h)
+                ok = rng.random() < sigmoid(TRUE_SLOPE * logit_feature(q) + TRUE_BIAS[j] + ease)
+                if r >= num_requests * 3 // 4:
+                    held_out.append((pred, int(ok)))
+                if not ok:
+                    break
+                accepted += 1
+            est.observe(qs, accepted, h)
+            verified = min(accepted + 1, len(qs))
+            if est.uses_history:
+                h = est.next_history(h, verified, accepted)
+    return held_out
+
+
+def test_history_feature_learns_a_request_level_effect_the_draft_distribution_misses() -> None:
+    with_history = AcceptanceEstimator.create(3, history_alpha=0.2)
+    draft_only = AcceptanceEstimator.create(3)
+    a_hist = auc(simulate_requests(with_history, 400, seed=6))
+    a_draft = auc(simulate_requests(draft_only, 400, seed=6))
+    assert a_hist is not None and a_draft is not None
+    assert with_history.history_slope > 0.5
+    assert draft_only.history_slope == 0.0
+    assert a_hist > a_draft + 0.03
+
+
+def test_without_history_alpha_a_history_changes_nothing() -> None:
+    a = AcceptanceEstimator.create(3, refit_every=10)
+    b = AcceptanceEstimator.create(3, refit_every=10)
+    rng = random.Random(7)
+    for _ in range(300):
+        qs = [rng.random() for _ in range(3)]
+        accepted = rng.randrange(4)
+        h = rng.random()
+        assert a.probability(1, qs[0], h) == b.probability(1, qs[0])
+        a.observe(qs, accepted, h)
+        b.observe(qs, accepted)
+    assert (a.slope, a.history_slope, a.bias) == (b.slope, b.history_slope, b.bias)
+    assert a.history_slope == 0.0 and a.num_refits == 30
+
+
+def test_next_history_is_an_exponential_average_of_the_labels() -> None:
+    est = AcceptanceEstimator.create(3, history_alpha=0.5)
+    # Labels 1, 1, 0 (two accepted, the third rejected).
+    assert est.next_history(0.5, 3, 2) == pytest.approx(0.4375)
+    # All accepted: no rejected label.
+    assert est.next_history(0.5, 2, 2) == pytest.approx(0.875)
+    # A new request starts from the share accepted over the live window.
+    est.observe([0.9, 0.9, 0.9], 1)  # labels 1, 0
+    assert est.prior_history() == 0.5
+    assert est.next_history(None, 1, 1) == pytest.approx(0.75)
+    with pytest.raises(EstimatorError):
+        EstimatorConfig(3, history_alpha=1.0)
+
+
+@given(st.lists(st.tuples(st.lists(st.floats(0, 1), min_size=1, max_size=3), st.integers(0, 3),
+                          st.floats(0, 1)), max_size=40))
+def test_history_refits_stay_bounded_and_finite(obs) -> None:
+    est = AcceptanceEstimator.create(3, refit_every=3, history_alpha=0.3)
+    for qs, acc, h in obs:
+        est.observe(qs, min(acc, len(qs)), h)
+        assert est.slope >= 0 and est.history_slope >= 0
+        assert all(math.isfinite(v) for v in (est.slope, est.history_slope, *est.bias))
+        assert 0.0 < est.probability(1, 0.5, h) < 1.0

@@ -114,3 +114,25 @@ def test_snapshot_ranks_a_known_law_and_round_trips() -> None:
     assert snap.num_refits == 6 and snap.observed_requests == 600
     assert sum(b.count for b in snap.calibration) == snap.window
     assert GateSnapshot.from_json(snap.to_json()) == snap
+
+
+def test_history_is_kept_per_request_and_forgotten_when_it_leaves() -> None:
+    gate = DraftGate(AcceptanceEstimator.create(K, history_alpha=0.5))
+    gate.offer({"a": 3, "b": 3}, {"a": [0.5] * 3, "b": [0.5] * 3})
+    assert gate.history("a") is None  # nothing verified yet
+    # b starts from the prior (0.5, nothing seen), then a from the share accepted so far (0).
+    gate.verified([("b", 3, 0), ("a", 3, 3)])
+    ha, hb = gate.history("a"), gate.history("b")
+    assert hb == 0.25 and ha == 0.875
+    # Survival follows the request's history once the estimator has learned its slope.
+    gate.estimator.history_slope = 1.0
+    assert gate.estimator.survival([0.5], ha)[0] > gate.estimator.survival([0.5], hb)[0]
+    gate.offer({"a": 3}, {"a": [0.5] * 3})  # b finished
+    assert gate.history("b") is None and gate.history("a") == ha
+
+
+def test_without_history_the_gate_keeps_no_per_request_state() -> None:
+    gate = DraftGate(AcceptanceEstimator.create(K))
+    gate.offer({"a": 3}, {"a": [0.5] * 3})
+    gate.verified([("a", 3, 3)])
+    assert gate.history("a") is None

@@ -20,6 +20,7 @@ from loadwise.cli.common import (
     engine_spec,
     err,
 )
+from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
 from loadwise.vllm.config import KV_MEDIA, KV_SSD_GIB_DEFAULT
 
 
@@ -45,6 +46,11 @@ def add_parser(sub: Any) -> None:
                        "draft (the draft distribution's max probability, refitted from "
                        "verification); its live AUC and calibration go to /metrics and "
                        "`loadwise status`")
+    serve.add_argument("--acceptance-history", metavar="ALPHA", type=float,
+                       default=DEFAULT_HISTORY_ALPHA,
+                       help="with --estimate-acceptance or --trim: weight of each new outcome in "
+                       "a request's recent acceptance, the estimator's second feature (default "
+                       "%(default)s; 0: the draft distribution alone, vLLM's model)")
     serve.add_argument("--trim", metavar="PROFILE",
                        help="EAGLE/draft model: also cut each request's drafts each step to the "
                        "prefix with the most expected tokens/s, under PROFILE's step times (a "
@@ -214,7 +220,8 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
     state = Path(tempfile.gettempdir()) / f"loadwise-gate-{args.port}.json"
     console.print(f"draft gate on ({'trimming by ' + args.trim if args.trim else 'estimating'}"
                   f"), live state in {state}")
-    return DraftGateConfig(trim_profile=args.trim, state_file=str(state))
+    return DraftGateConfig(trim_profile=args.trim, state_file=str(state),
+                           history_alpha=args.acceptance_history)
 
 
 TMP_STORE_GIB = 2.0  # the default --disagg store lives in memory (/dev/shm)

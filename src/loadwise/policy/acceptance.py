@@ -6,6 +6,12 @@ distribution's largest probability at that position, one shared slope and one in
 position. ``q`` is known before the drafted token is drawn and does not depend on which token is
 drawn, so trimming drafts by it keeps rejection sampling exact.
 
+Optionally (``history_alpha`` > 0) a second feature ``logit(h)`` with its own slope: ``h`` the
+request's recent acceptance, an exponential average of the labels of its earlier verified drafts
+(:func:`next_history`). It is known before the step's drafts are drawn and does not depend on
+them either, so exactness holds; it carries what the draft distribution does not (a request in
+boilerplate or code stays easy to draft for many steps). The caller keeps ``h`` per request.
+
 Labels come from verification alone: the accepted positions are 1, the first rejected position
 0, and the positions after it are censored (never verified on their own, so not used).
 Statistics for a Newton step (IRLS) accumulate over observations; every ``refit_every``
@@ -30,6 +36,8 @@ from loadwise.errors import LoadwiseError
 
 Q_EPS = 1e-4  # q is clamped to [Q_EPS, 1 - Q_EPS] before the logit
 MAX_NEWTON_STEP = 2.0  # largest change of any parameter in one refit
+# The engine gate's weight of a new label in a request's recent acceptance (docs/drafter.md).
+DEFAULT_HISTORY_ALPHA = 0.2
 
 
 class EstimatorError(LoadwiseError, ValueError):
@@ -59,6 +67,9 @@ class EstimatorConfig:
     window: int = 4096  # (prediction, label) pairs kept for the live AUC and calibration
     fit_window: int = 2048  # labelled drafts a refit fits (0: vLLM's one step, then clear)
     newton_iters: int = 1  # Newton steps per refit with fit_window
+    # Weight of each new label in a request's recent acceptance h (0: no history feature,
+    # vLLM's one-feature model).
+    history_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_positions < 1:
@@ -69,6 +80,8 @@ class EstimatorConfig:
             raise EstimatorError("fit_window must be >= 0 and newton_iters >= 1")
         if not 0 < self.damping <= 1 or self.ridge < 0:
             raise EstimatorError("damping must be in (0, 1] and ridge >= 0")
+        if not 0 <= self.history_alpha < 1:
+            raise EstimatorError(f"history_alpha must be in [0, 1), got {self.history_alpha}")
 
 
 @dataclass(slots=True)
@@ -76,17 +89,18 @@ class AcceptanceEstimator:
     config: EstimatorConfig
     slope: float = 0.0
     bias: list[float] = field(default_factory=list)
+    history_slope: float = 0.0  # stays 0 unless observations carry a history
     num_refits: int = 0
     num_observed: int = 0
-    # IRLS statistics over parameters [slope, bias_1..bias_K]: gradient and Hessian of the
-    # log-likelihood (the Hessian as its negative, which is positive semi-definite).
+    # IRLS statistics over parameters [slope, history_slope, bias_1..bias_K]: gradient and
+    # Hessian of the log-likelihood (the Hessian as its negative, positive semi-definite).
     _grad: list[float] = field(default_factory=list)
     _hess: list[list[float]] = field(default_factory=list)
     _since_refit: int = 0
     # (probability predicted before the outcome was known, label, position) for live metrics.
     recent: deque[tuple[float, int, int]] = field(default_factory=deque)
-    # (feature, label, position) of the last fit_window labelled drafts (fit_window > 0).
-    _rows: deque[tuple[float, int, int]] = field(default_factory=deque)
+    # (feature, history feature, label, position) of the last fit_window labelled drafts.
+    _rows: deque[tuple[float, float, int, int]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         k = self.config.num_positions
@@ -104,65 +118,104 @@ class AcceptanceEstimator:
         return cls(EstimatorConfig(num_positions, **kwargs))  # type: ignore[arg-type]
 
     def _clear(self) -> None:
-        n = self.config.num_positions + 1
+        n = self.config.num_positions + 2
         self._grad = [0.0] * n
         self._hess = [[0.0] * n for _ in range(n)]
         self._since_refit = 0
 
-    def probability(self, position: int, max_prob: float) -> float:
-        """P(accepted) of the draft at ``position`` (1-based) given the drafts before it were."""
-        b = self.bias[min(position, self.config.num_positions) - 1]
-        return sigmoid(self.slope * logit_feature(max_prob) + b)
+    @property
+    def uses_history(self) -> bool:
+        return self.config.history_alpha > 0
 
-    def survival(self, max_probs: Sequence[float]) -> list[float]:
+    def prior_history(self) -> float:
+        """A new request's recent acceptance: the share accepted over the live window."""
+        if not self.recent:
+            return 0.5
+        return sum(y for _, y, _ in self.recent) / len(self.recent)
+
+    def _logit(self, position: int, f: float, hf: float) -> float:
+        b = self.bias[min(position, self.config.num_positions) - 1]
+        return self.slope * f + self.history_slope * hf + b
+
+    def _history_feature(self, history: float | None) -> float:
+        """logit(h); a request without a history yet gets the prior."""
+        if not self.uses_history:
+            return 0.0
+        return logit_feature(self.prior_history() if history is None else history)
+
+    def probability(self, position: int, max_prob: float, history: float | None = None) -> float:
+        """P(accepted) of the draft at ``position`` (1-based) given the drafts before it were;
+        ``history`` is the request's recent acceptance, None for a new request (ignored
+        without ``history_alpha``)."""
+        return sigmoid(self._logit(position, logit_feature(max_prob),
+                                   self._history_feature(history)))
+
+    def survival(self, max_probs: Sequence[float], history: float | None = None) -> list[float]:
         """P(drafts 1..j all accepted) for j = 1..len(max_probs)."""
         out: list[float] = []
         s = 1.0
         for j, q in enumerate(max_probs, start=1):
-            s *= self.probability(j, q)
+            s *= self.probability(j, q, history)
             out.append(s)
         return out
 
-    def observe(self, max_probs: Sequence[float], num_accepted: int) -> None:
+    def observe(self, max_probs: Sequence[float], num_accepted: int,
+                history: float | None = None) -> None:
         """One request's verification: drafts with these max-probabilities, of which the first
-        ``num_accepted`` were accepted. Refits when ``refit_every`` requests have been seen."""
+        ``num_accepted`` were accepted; ``history`` as it was when they were drafted. Refits
+        when ``refit_every`` requests have been seen."""
         if not 0 <= num_accepted <= len(max_probs):
             raise EstimatorError(f"{num_accepted} accepted of {len(max_probs)} drafts")
+        hf = self._history_feature(history)
         verified = min(num_accepted + 1, len(max_probs))  # positions with a label
         for j in range(1, verified + 1):
-            q = max_probs[j - 1]
+            f = logit_feature(max_probs[j - 1])
             label = 1 if j <= num_accepted else 0
-            p = self.probability(j, q)
+            p = sigmoid(self._logit(j, f, hf))
             self.recent.append((p, label, j))
             position = min(j, self.config.num_positions)
             if self.config.fit_window:
-                self._rows.append((logit_feature(q), label, position))
+                self._rows.append((f, hf, label, position))
             else:
-                self._accumulate(position, logit_feature(q), label, p)
+                self._accumulate(position, f, hf, label, p)
         self.num_observed += 1
         self._since_refit += 1
         if self._since_refit >= self.config.refit_every:
             self.refit()
 
-    def _accumulate(self, position: int, f: float, label: int, p: float) -> None:
-        idx = (0, position)
-        x = (f, 1.0)
+    def next_history(self, history: float | None, num_verified: int,
+                     num_accepted: int) -> float:
+        """The request's recent acceptance after a verification of ``num_verified`` drafts,
+        ``num_accepted`` of them accepted (its labels: that many 1s, then a 0 if one was
+        rejected); ``None`` is a new request."""
+        h = self.prior_history() if history is None else history
+        a = self.config.history_alpha
+        labels = [1] * num_accepted + ([0] if num_accepted < num_verified else [])
+        for y in labels:
+            h = (1.0 - a) * h + a * y
+        return h
+
+    def _accumulate(self, position: int, f: float, hf: float, label: int, p: float) -> None:
+        idx = (0, 1, position + 1)
+        x = (f, hf, 1.0)
         w = p * (1.0 - p)
-        for a in range(2):
+        for a in range(3):
             self._grad[idx[a]] += (label - p) * x[a]
-            for b in range(2):
+            for b in range(3):
                 self._hess[idx[a]][idx[b]] += w * x[a] * x[b]
 
     def refit(self) -> None:
         """Damped Newton steps (a ridge on the Hessian keeps it defined when a position has no
         data, and leaves that position where it was); the slope stays >= 0 (a more confident
-        drafter is never modelled as less likely to be accepted); statistics are cleared."""
+        drafter is never modelled as less likely to be accepted, nor a request that has been
+        accepted more); statistics are cleared. Without history features the history slope
+        has no gradient and stays 0."""
         if self.config.fit_window:
             for _ in range(self.config.newton_iters):
                 self._clear()
-                for f, label, position in self._rows:
-                    p = sigmoid(self.slope * f + self.bias[position - 1])
-                    self._accumulate(position, f, label, p)
+                for f, hf, label, position in self._rows:
+                    p = sigmoid(self._logit(position, f, hf))
+                    self._accumulate(position, f, hf, label, p)
                 self._newton_step()
         else:
             self._newton_step()
@@ -170,8 +223,8 @@ class AcceptanceEstimator:
         self._clear()
 
     def _newton_step(self) -> None:
-        n = self.config.num_positions + 1
-        params = [self.slope, *self.bias]
+        n = self.config.num_positions + 2
+        params = [self.slope, self.history_slope, *self.bias]
         hess = [[self._hess[i][j] + (self.config.ridge if i == j else 0.0) for j in range(n)]
                 for i in range(n)]
         step = _solve(hess, self._grad)
@@ -181,7 +234,8 @@ class AcceptanceEstimator:
             new = [p + s for p, s in zip(params, step)]
             if all(math.isfinite(v) for v in new):
                 self.slope = max(new[0], 0.0)
-                self.bias = new[1:]
+                self.history_slope = max(new[1], 0.0)
+                self.bias = new[2:]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

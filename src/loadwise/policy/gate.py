@@ -13,6 +13,10 @@ One request's drafts go through the gate in this order:
 Every offer replaces what the previous one remembered: the step between them verified it, and
 a request that was not verified (finished, preempted) has nothing left to learn from.
 
+With the estimator's history feature on, the gate also keeps each request's recent acceptance,
+updated from its verifications; a request missing from an offer is forgotten (it finished or
+left the batch), so the gate holds state for the running batch only.
+
 Trimming hides the outcome of every draft it cuts, so an estimator fed only by trimmed steps
 could never learn that a position it writes off is accepted after all. Every
 ``explore_every``-th offer is therefore left untrimmed: all positions keep getting labels.
@@ -46,6 +50,7 @@ class GateSnapshot:
     mismatched: int  # verifications of more drafts than were offered (not observed)
     num_refits: int
     slope: float
+    history_slope: float  # 0 without the history feature
     bias: tuple[float, ...]
     auc: float | None  # pooled over positions
     auc_per_position: tuple[float | None, ...]
@@ -58,7 +63,8 @@ class GateSnapshot:
             "offered_drafts": self.offered_drafts, "kept_drafts": self.kept_drafts,
             "unscored_drafts": self.unscored_drafts,
             "observed_requests": self.observed_requests, "mismatched": self.mismatched,
-            "num_refits": self.num_refits, "slope": self.slope, "bias": list(self.bias),
+            "num_refits": self.num_refits, "slope": self.slope,
+            "history_slope": self.history_slope, "bias": list(self.bias),
             "auc": self.auc, "auc_per_position": list(self.auc_per_position),
             "calibration": [{"lo": b.lo, "hi": b.hi, "mean_predicted": b.mean_predicted,
                              "accepted_share": b.accepted_share, "count": b.count}
@@ -74,6 +80,7 @@ class GateSnapshot:
             unscored_drafts=int(d["unscored_drafts"]),
             observed_requests=int(d["observed_requests"]), mismatched=int(d["mismatched"]),
             num_refits=int(d["num_refits"]), slope=float(d["slope"]),
+            history_slope=float(d.get("history_slope", 0.0)),
             bias=tuple(float(b) for b in d["bias"]),
             auc=None if d["auc"] is None else float(d["auc"]),
             auc_per_position=tuple(None if a is None else float(a)
@@ -98,6 +105,7 @@ class DraftGate:
     unscored_drafts: int = 0
     mismatched: int = 0
     _pending: dict[str, list[float]] = field(default_factory=dict)
+    _history: dict[str, float] = field(default_factory=dict)  # request -> recent acceptance
 
     @property
     def trimming(self) -> bool:
@@ -115,8 +123,11 @@ class DraftGate:
                   if n > 0 and len(features.get(rid, ())) >= n]
         self.unscored_drafts += sum(n for rid, n in num_drafts.items() if rid not in scored)
         explore = self.explore_every > 0 and self.offers % self.explore_every == 0
+        est = self.estimator
+        if est.uses_history:
+            self._history = {rid: h for rid, h in self._history.items() if rid in num_drafts}
         if scored and self.step_time_s is not None and not explore:
-            survivals = [self.estimator.survival(features[rid][:num_drafts[rid]])
+            survivals = [est.survival(features[rid][:num_drafts[rid]], self.history(rid))
                          for rid in scored]
             b = len(num_drafts)
             t = self.step_time_s
@@ -138,7 +149,18 @@ class DraftGate:
             if num_verified > len(q):
                 self.mismatched += 1
                 continue
-            self.estimator.observe(q[:num_verified], min(num_accepted, num_verified))
+            accepted = min(num_accepted, num_verified)
+            est = self.estimator
+            h = self.history(rid)
+            if est.uses_history and h is None:
+                h = est.prior_history()  # what the offer's survival used
+            est.observe(q[:num_verified], accepted, h)
+            if est.uses_history:
+                self._history[rid] = est.next_history(h, num_verified, accepted)
+
+    def history(self, rid: str) -> float | None:
+        """The request's recent acceptance, None before its first verification."""
+        return self._history.get(rid)
 
     def snapshot(self) -> GateSnapshot:
         est = self.estimator
@@ -151,6 +173,7 @@ class DraftGate:
             trimming=self.trimming, offers=self.offers, offered_drafts=self.offered_drafts,
             kept_drafts=self.kept_drafts, unscored_drafts=self.unscored_drafts,
             observed_requests=est.num_observed, mismatched=self.mismatched,
-            num_refits=est.num_refits, slope=est.slope, bias=tuple(est.bias),
+            num_refits=est.num_refits, slope=est.slope, history_slope=est.history_slope,
+            bias=tuple(est.bias),
             auc=auc(pairs), auc_per_position=per_pos, calibration=tuple(calibration(pairs)),
             window=len(pairs))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.errors import LoadwiseError
+from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
 from loadwise.policy.table import DraftLengthTable, TableError
 from loadwise.vllm.binding import CpuBinding, apply_env
 
@@ -178,12 +179,18 @@ class DraftGateConfig:
 
     trim_profile: str | None = None  # a tune's profile.json; None: estimate only
     state_file: str | None = None  # where the gate writes its state (for /metrics and status)
+    # The estimator's history feature (policy.acceptance): 0 is the draft distribution alone.
+    history_alpha: float = DEFAULT_HISTORY_ALPHA
+
+    def __post_init__(self) -> None:
+        EstimatorConfig(1, history_alpha=self.history_alpha)  # refuses a bad value here
 
     def env(self) -> dict[str, str]:
         from loadwise.vllm.draft_gate import ENV_GATE, ENV_GATE_STATE
 
         profile = str(Path(self.trim_profile).resolve()) if self.trim_profile else None
-        env = {ENV_GATE: json.dumps({"trim_profile": profile})}
+        env = {ENV_GATE: json.dumps({"trim_profile": profile,
+                                     "history_alpha": self.history_alpha})}
         if self.state_file:
             env[ENV_GATE_STATE] = str(Path(self.state_file).resolve())
         return env

@@ -2,7 +2,8 @@
 from verification, and per-request trimming of the drafts the worker hands to the scheduler.
 
 Enabled by ``LOADWISE_DRAFT_GATE`` (``loadwise serve --estimate-acceptance`` or ``--trim``), a
-JSON object ``{"trim_profile": PATH or null}``: with a profile, each step keeps the prefix of
+JSON object ``{"trim_profile": PATH or null, "history_alpha": A}`` (``A`` the estimator's
+history feature, 0 for the draft distribution alone; absent: the default): with a profile, each step keeps the prefix of
 each request's drafts that maximizes expected tokens per second under the profile's step times
 (``policy.trim``); without, every draft is verified and the estimator only learns. The table
 stays the upper bound: trimming only ever removes drafts.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from loadwise.policy.acceptance import AcceptanceEstimator
+from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, AcceptanceEstimator
 from loadwise.policy.gate import DraftGate
 from loadwise.vllm import compat
 from loadwise.vllm.draft_features import features_of
@@ -155,8 +156,9 @@ def attach_gate(scheduler: Any) -> None:
             times = load_checked_profile(profile_path, k, compat.served_model(scheduler),
                                          binding).step_times()
             step_time_s = lambda b, x: times.at(b, min(x, times.max_k))
-        gate = EngineGate(DraftGate(AcceptanceEstimator.create(k), step_time_s),
-                          os.environ.get(ENV_GATE_STATE))
+        alpha = float(settings.get("history_alpha", DEFAULT_HISTORY_ALPHA))
+        estimator = AcceptanceEstimator.create(k, history_alpha=alpha)
+        gate = EngineGate(DraftGate(estimator, step_time_s), os.environ.get(ENV_GATE_STATE))
     except (ValueError, TypeError) as exc:  # a refused profile among them
         logger.error("loadwise: draft gate OFF, every draft verified as the table gives it: %s",
                      exc)
