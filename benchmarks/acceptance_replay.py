@@ -194,12 +194,10 @@ def replay_estimator(steps: list[tuple[list[float], int]], owners: list[int],
     preds: list[tuple[float, int, int, int]] = []  # (p, label, position, step index)
     history: dict[int, float | None] = {}
     for idx, ((feats, accepted), owner) in enumerate(zip(steps, owners)):
-        h = history.get(owner, est.prior_history() if est.uses_history else None)
+        h = history.get(owner)  # None: a new request, given the prior
         for j in range(1, min(accepted + 1, len(feats)) + 1):
             preds.append((est.probability(j, feats[j - 1], h), int(j <= accepted), j, idx))
-        est.observe(feats, accepted, h)
-        if est.uses_history:
-            history[owner] = est.next_history(h, min(accepted + 1, len(feats)), accepted)
+        history[owner] = est.observe(feats, accepted, h)
     half = len(steps) // 2
     late = [(p, y) for p, y, _, i in preds if i >= half]
     out = {"config": {"history_alpha": est.config.history_alpha,
@@ -247,9 +245,7 @@ def replay_trimming(steps: list[tuple[list[float], int]], owners: list[int], pro
                     tally["accepted"] += got
                     tally["verified"] += k
                     tally["rejected_verified"] += min(k, got + 1) - got if k > got else 0
-                est.observe(feats, acc, h)
-                if est.uses_history:
-                    history[owner] = est.next_history(h, min(acc + 1, len(feats)), acc)
+                history[owner] = est.observe(feats, acc, h)
         out[str(b)] = {"table": table, "trimmed": trimmed,
                        "rejected_verified_cut": 1 - trimmed["rejected_verified"]
                        / max(1, table["rejected_verified"]),

@@ -199,10 +199,7 @@ def simulate_requests(est: AcceptanceEstimator, num_requests: int, seed: int,
                 if not ok:
                     break
                 accepted += 1
-            est.observe(qs, accepted, h)
-            verified = min(accepted + 1, len(qs))
-            if est.uses_history:
-                h = est.next_history(h, verified, accepted)
+            h = est.observe(qs, accepted, h)
     return held_out
 
 

@@ -160,12 +160,16 @@ class AcceptanceEstimator:
         return out
 
     def observe(self, max_probs: Sequence[float], num_accepted: int,
-                history: float | None = None) -> None:
+                history: float | None = None) -> float | None:
         """One request's verification: drafts with these max-probabilities, of which the first
-        ``num_accepted`` were accepted; ``history`` as it was when they were drafted. Refits
-        when ``refit_every`` requests have been seen."""
+        ``num_accepted`` were accepted; ``history`` as it was when they were drafted (None: a
+        new request, given the prior). Refits when ``refit_every`` requests have been seen.
+        Returns the request's history after this verification (None without
+        ``history_alpha``)."""
         if not 0 <= num_accepted <= len(max_probs):
             raise EstimatorError(f"{num_accepted} accepted of {len(max_probs)} drafts")
+        if self.uses_history and history is None:
+            history = self.prior_history()  # before this verification's labels join the window
         hf = self._history_feature(history)
         verified = min(num_accepted + 1, len(max_probs))  # positions with a label
         for j in range(1, verified + 1):
@@ -182,6 +186,9 @@ class AcceptanceEstimator:
         self._since_refit += 1
         if self._since_refit >= self.config.refit_every:
             self.refit()
+        if not self.uses_history:
+            return None
+        return self.next_history(history, verified, num_accepted)
 
     def next_history(self, history: float | None, num_verified: int,
                      num_accepted: int) -> float:

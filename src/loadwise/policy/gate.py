@@ -149,14 +149,10 @@ class DraftGate:
             if num_verified > len(q):
                 self.mismatched += 1
                 continue
-            accepted = min(num_accepted, num_verified)
-            est = self.estimator
-            h = self.history(rid)
-            if est.uses_history and h is None:
-                h = est.prior_history()  # a new request: the prior, as in its survival
-            est.observe(q[:num_verified], accepted, h)
-            if est.uses_history:
-                self._history[rid] = est.next_history(h, num_verified, accepted)
+            h = self.estimator.observe(q[:num_verified], min(num_accepted, num_verified),
+                                       self.history(rid))
+            if h is not None:
+                self._history[rid] = h
 
     def history(self, rid: str) -> float | None:
         """The request's recent acceptance, None before its first verification."""
