@@ -20,6 +20,8 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
                                           "distribution: it needs --spec-method draft or eagle, "
                                           "not ngram")),
     (["serve", "--disagg", "--trim", str(PROFILE)], "--disagg does not take --trim"),
+    (["serve", "--acceptance-history", "0.5"],
+     "--acceptance-history needs --estimate-acceptance or --trim"),
     (["serve", "--handoff", "pull"], "--handoff needs --disagg"),
     (["serve", "--disagg", "--no-kv-reuse"], "--no-kv-reuse needs --disagg with --handoff"),
     (["serve", "--decode-kv-cache-gib", "1"], "--decode-kv-cache-gib needs --disagg"),

@@ -47,10 +47,9 @@ def add_parser(sub: Any) -> None:
                        "verification); its live AUC and calibration go to /metrics and "
                        "`loadwise status`")
     serve.add_argument("--acceptance-history", metavar="ALPHA", type=float,
-                       default=DEFAULT_HISTORY_ALPHA,
                        help="with --estimate-acceptance or --trim: weight of each new outcome in "
-                       "a request's recent acceptance, the estimator's second feature (default "
-                       "%(default)s; 0: the draft distribution alone, vLLM's model)")
+                       f"a request's recent acceptance, the estimator's second feature (default "
+                       f"{DEFAULT_HISTORY_ALPHA}; 0: the draft distribution alone, vLLM's model)")
     serve.add_argument("--trim", metavar="PROFILE",
                        help="EAGLE/draft model: also cut each request's drafts each step to the "
                        "prefix with the most expected tokens/s, under PROFILE's step times (a "
@@ -132,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--decode-kv-cache-gib needs --disagg")
     if args.decode_kv_cache_gib is not None and args.decode_kv_cache_gib <= 0:
         raise UsageError(f"--decode-kv-cache-gib must be > 0, got {args.decode_kv_cache_gib:g}")
+    if args.acceptance_history is not None and not (args.trim or args.estimate_acceptance):
+        raise UsageError("--acceptance-history needs --estimate-acceptance or --trim")
     if args.disagg and (args.trim or args.estimate_acceptance):
         raise UsageError("--disagg does not take --trim or --estimate-acceptance yet")
     if args.adaptive:
@@ -218,10 +219,14 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
     if args.trim:
         load_checked_profile(args.trim, spec.max_k, spec.model, spec.cpu_binding)
     state = Path(tempfile.gettempdir()) / f"loadwise-gate-{args.port}.json"
+    alpha = DEFAULT_HISTORY_ALPHA if args.acceptance_history is None else args.acceptance_history
+    try:
+        gate = DraftGateConfig(trim_profile=args.trim, state_file=str(state), history_alpha=alpha)
+    except ValueError as exc:
+        raise UsageError(f"--acceptance-history: {exc}") from exc
     console.print(f"draft gate on ({'trimming by ' + args.trim if args.trim else 'estimating'}"
                   f"), live state in {state}")
-    return DraftGateConfig(trim_profile=args.trim, state_file=str(state),
-                           history_alpha=args.acceptance_history)
+    return gate
 
 
 TMP_STORE_GIB = 2.0  # the default --disagg store lives in memory (/dev/shm)
