@@ -258,7 +258,8 @@ def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> E
     if config == "example":
         transfer = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"shared_storage_path": str(store)}}
-        return replace(base, server_extra_args=("--kv-transfer-config", json.dumps(transfer)))
+        return replace(base, server_extra_args=base.server_extra_args
+                       + ("--kv-transfer-config", json.dumps(transfer)))
     if config == "files":
         return replace(base, kv_store=KvStoreConfig(str(store), 8.0))
     if config == "extents":
