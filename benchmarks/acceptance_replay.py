@@ -287,16 +287,25 @@ def computed_steps(args: argparse.Namespace) -> tuple[Any, Any, list[int], dict[
     examples = greedy_examples(model, prompts, args.max_tokens)
     target_cfg, weights, lm = load_target(model)
     torch.set_num_threads(2)
-    hidden = hidden_states(lm, examples, Path(f"/tmp/acceptance-replay-{time.time_ns()}"),
-                           lambda n: None)
-    head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
+    embed = weights["model.embed_tokens.weight"]
+    states: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def hidden_for(head: Any) -> list[torch.Tensor]:
+        """The target's states each head reads: its last hidden state or its aux layers."""
+        if head.aux_layers not in states:
+            states[head.aux_layers] = hidden_states(
+                lm, examples, Path(f"/tmp/acceptance-replay-{time.time_ns()}"), lambda n: None,
+                head.aux_layers)
+        return states[head.aux_layers]
+
+    head = load_head(Path(args.head), target_cfg, embed)
     extras: list[list[tuple[float, float]]] = []
     owners: list[int] = []
-    steps = drafting_steps(head, examples, hidden, extras, owners)
+    steps = drafting_steps(head, examples, hidden_for(head), extras, owners)
     heads = {"head": mean_accepted(steps)}
     if args.compare_head:
-        other = load_head(Path(args.compare_head), target_cfg, weights["model.embed_tokens.weight"])
-        heads["compare_head"] = mean_accepted(drafting_steps(other, examples, hidden))
+        other = load_head(Path(args.compare_head), target_cfg, embed)
+        heads["compare_head"] = mean_accepted(drafting_steps(other, examples, hidden_for(other)))
     return steps, extras, owners, heads
 
 

@@ -130,6 +130,11 @@ def main() -> None:
             for load in loads:
                 for n in names if (r + loads.index(load)) % 2 == 0 else names[::-1]:
                     j = job(servers[n], model, job_prompts[load], load, args.max_tokens)
+                    if n != "off":  # the estimator after this job: its window's AUC per load
+                        g = read_gate_state(str(state_dir / f"{n}.json")) or {}
+                        j["gate_after"] = {k: g.get(k) for k in (
+                            "auc", "auc_per_position", "window", "observed_requests", "slope",
+                            "history_slope", "bias")}
                     jobs.append({"server": n, "load": load, "round": r, "order": len(jobs), **j})
                     print(f"[{time.perf_counter() - t0:5.0f} s] {n} c={load} r={r}: "
                           f"{j['tok_s']} tok/s, drafts {j['num_draft_tokens']}, accepted "

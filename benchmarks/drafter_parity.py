@@ -87,9 +87,9 @@ def main() -> None:
     examples, v_acc, v_ver = engine_counts(model, args.head, prompts, args.max_tokens)
     target_cfg, weights, lm = load_target(model)
     torch.set_num_threads(2)
-    hidden = hidden_states(lm, examples, Path(f"/tmp/drafter-parity-{time.time_ns()}"),
-                           lambda n: None)
     head = load_head(Path(args.head), target_cfg, weights["model.embed_tokens.weight"])
+    hidden = hidden_states(lm, examples, Path(f"/tmp/drafter-parity-{time.time_ns()}"),
+                           lambda n: None, head.aux_layers)
     by_slot: dict[tuple[int, int], int] = {}
     for i, ex in enumerate(examples):
         steps = drafting_steps(head, [ex], [hidden[i]])

@@ -18,10 +18,10 @@ SHAPE = HeadShape(hidden_size=16, intermediate_size=24, num_heads=4, num_kv_head
                   rms_eps=1e-5, rope_theta=10000.0, vocab_size=40)
 
 
-def make_head(seed: int = 0, draft_ids=None) -> EagleHead:
+def make_head(seed: int = 0, draft_ids=None, aux_layers: tuple[int, ...] = ()) -> EagleHead:
     torch.manual_seed(seed)
     ids = torch.arange(0, 40, 2) if draft_ids is None else draft_ids
-    head = EagleHead(SHAPE, ids, torch.randn(40, 16))
+    head = EagleHead(SHAPE, ids, torch.randn(40, 16), aux_layers)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -35,6 +35,7 @@ def drafted_step_by_step(head: EagleHead, tokens: torch.Tensor, hidden: torch.Te
     earlier draft keys."""
     s = head.shape
     group = s.num_heads // s.num_kv_heads
+    hidden = head.combine(hidden)  # what vLLM's combine_hidden_states hands the first step
     pos = torch.arange(slot + 1)
     q, k, v = head._qkv(tokens[1:slot + 2], hidden[:slot + 1], pos)
     keys, values = [k], [v]
@@ -57,12 +58,13 @@ def drafted_step_by_step(head: EagleHead, tokens: torch.Tensor, hidden: torch.Te
     return outs
 
 
-def test_unrolled_training_equals_drafting_with_a_kv_cache() -> None:
-    head = make_head()
+@pytest.mark.parametrize("aux_layers", [(), (2, 5, 7)])
+def test_unrolled_training_equals_drafting_with_a_kv_cache(aux_layers) -> None:
+    head = make_head(aux_layers=aux_layers)
     torch.manual_seed(1)
     length = 9
     tokens = torch.randint(0, 40, (2, length))
-    hidden = torch.randn(2, length, 16)
+    hidden = torch.randn(2, length, 16 * max(len(aux_layers), 1))
     mask = torch.ones(2, length, dtype=torch.bool)
     mask[1, 7:] = False  # a padded row: padding must not leak into real slots
     outs = head.unrolled(tokens, hidden, mask, num_steps=3)
@@ -182,15 +184,73 @@ def test_a_torn_examples_file_keeps_its_complete_lines(tmp_path) -> None:
     assert read_examples(path) == [Example((1,), (2, 3))]
 
 
-def test_a_saved_head_loads_back_with_the_same_weights(tmp_path) -> None:
+@pytest.mark.parametrize("aux_layers", [(), (2, 5, 7)])
+def test_a_saved_head_loads_back_with_the_same_weights(tmp_path, aux_layers) -> None:
     from loadwise.drafter.head import load_head
 
-    head = make_head(draft_ids=torch.tensor([1, 2, 30]))
+    head = make_head(draft_ids=torch.tensor([1, 2, 30]), aux_layers=aux_layers)
     save_head(head, {"hidden_size": 16}, tmp_path, {})
     back = load_head(tmp_path, {"hidden_size": 16, "intermediate_size": 24,
                                 "num_attention_heads": 4, "num_key_value_heads": 2,
                                 "head_dim": 4, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                                 "vocab_size": 40}, head.embed)
-    assert back.draft_ids.tolist() == [1, 2, 30]
+    assert back.draft_ids.tolist() == [1, 2, 30] and back.aux_layers == aux_layers
+    assert [n for n, _ in head.named_parameters()] == [n for n, _ in back.named_parameters()]
     for (name, a), (_, b) in zip(head.named_parameters(), back.named_parameters()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_an_aux_layer_head_writes_vllms_fc_and_per_layer_norms(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    head = make_head(aux_layers=(2, 15, 27))
+    target_cfg = {"hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 30}
+    save_head(head, target_cfg, tmp_path, {})
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    assert sd["fc.weight"].shape == (16, 48)  # three layers side by side into the hidden size
+    assert [sd[f"fc_norm.{i}.weight"].shape for i in range(3)] == [(16,)] * 3
+    assert "fc_norm.3.weight" not in sd
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["eagle_config"] == {"use_aux_hidden_state": True,
+                                   "eagle_aux_hidden_state_layer_ids": [2, 15, 27]}
+    assert cfg["fc_norm"] is True
+
+
+def test_aux_layer_chunks_are_normed_apart_and_start_as_the_deepest_one() -> None:
+    from loadwise.drafter.head import default_aux_layers
+
+    assert default_aux_layers(30) == (2, 15, 27)
+    head = EagleHead(SHAPE, torch.arange(0, 40, 2), torch.randn(40, 16), (1, 2))
+    target = {f"model.layers.0.{n}": torch.randn(*shape) for n, shape in (
+        ("self_attn.q_proj.weight", (16, 16)), ("self_attn.k_proj.weight", (8, 16)),
+        ("self_attn.v_proj.weight", (8, 16)), ("mlp.gate_proj.weight", (24, 16)),
+        ("mlp.up_proj.weight", (24, 16)), ("post_attention_layernorm.weight", (16,)),
+        ("input_layernorm.weight", (16,)))}
+    target["model.embed_tokens.weight"] = torch.randn(40, 16)
+    head.init_from_target(target, 0)
+    low, high = 1e4 * torch.randn(3, 16), torch.randn(3, 16)
+    out = head.combine(torch.cat((low, high), dim=-1))
+    # The huge early layer does not drown the late one: each chunk is normed on its own, and
+    # the starting fc passes the deepest layer through.
+    want = high * torch.rsqrt(high.pow(2).mean(-1, keepdim=True) + SHAPE.rms_eps)
+    torch.testing.assert_close(out, want)
+
+
+def test_aux_layers_are_checked_against_the_model_and_keep_old_states_resumable(
+        model_stub) -> None:
+    from loadwise.drafter.data import DrafterDataError
+    from loadwise.drafter.run import DrafterConfig
+
+    (model_stub / "config.json").write_text(json.dumps({"num_hidden_layers": 30}))
+    plain = DrafterConfig(model=str(model_stub), out_dir="h")
+    with pytest.raises(DrafterDataError, match="has 30 layers, so layer ids must be below 30"):
+        DrafterConfig(model=str(model_stub), out_dir="h", aux_layers=(2, 30))
+    with pytest.raises(DrafterDataError, match="distinct layer ids >= 1"):
+        DrafterConfig(model=str(model_stub), out_dir="h", aux_layers=(2, 2))
+    aux = DrafterConfig(model=str(model_stub), out_dir="h", aux_layers=(2, 15, 27))
+    # A head on the last hidden state resumes the training states written before aux layers
+    # existed; an aux head trains its own, on its own cached states, from the same examples.
+    assert "aux_layers" not in plain.fingerprint() and plain.hidden_dir() == "hidden-self"
+    assert aux.state_name() != plain.state_name()
+    assert aux.hidden_dir() == "hidden-self-aux2-15-27"
+    assert aux.data_fingerprint() == plain.data_fingerprint()

@@ -35,6 +35,11 @@ def add_parser(sub: Any) -> None:
                        ("held_out", "examples kept out of training to measure the head")):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d(name),
                        help=f"{what} (default {d(name)})")
+    p.add_argument("--aux-layers", default="none", metavar="none|default|IDS",
+                   help="EAGLE-3 auxiliary layers the head reads instead of the target's last "
+                        "hidden state: comma-separated layer ids (the residual stream after that "
+                        "many layers), 'default' for vLLM's choice (2, L/2, L-3 of L layers), or "
+                        "'none' (default)")
     p.add_argument("--lr", type=float, default=d("lr"), help=f"peak learning rate (default "
                                                               f"{d('lr')})")
     p.set_defaults(func=run)
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = DrafterConfig(model=model, out_dir=args.out, data=args.data,
                         num_examples=args.num_examples, max_answer_tokens=args.max_answer_tokens,
                         draft_vocab_size=args.draft_vocab_size, num_steps=args.num_steps,
-                        epochs=args.epochs, held_out=args.held_out, lr=args.lr)
+                        epochs=args.epochs, held_out=args.held_out, lr=args.lr,
+                        aux_layers=parse_aux_layers(args.aux_layers, model))
     tasks: dict[str, Any] = {}
     with Progress(TextColumn("{task.fields[stage]:<14}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
@@ -77,6 +83,24 @@ def run(args: argparse.Namespace) -> int:
                   f"--max-k {cfg.num_steps}")
     console.print_json(json.dumps(meta["stage_time_s"]))
     return 0
+
+
+def parse_aux_layers(text: str, model: str) -> tuple[int, ...]:
+    """--aux-layers: 'none', 'default' (vLLM's choice for the model's depth) or ids."""
+    from loadwise.drafter.data import DrafterDataError
+    from loadwise.drafter.head import default_aux_layers
+    from loadwise.drafter.run import num_layers_of
+
+    text = text.strip().lower()
+    if text == "none":
+        return ()
+    if text == "default":
+        return default_aux_layers(num_layers_of(model))
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise DrafterDataError(f"--aux-layers {text!r}: give 'none', 'default' or "
+                               "comma-separated layer ids such as 2,15,27") from None
 
 
 def _train(cfg: DrafterConfig, report: Any) -> dict[str, Any]:

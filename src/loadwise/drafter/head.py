@@ -1,10 +1,14 @@
 """The EAGLE head loadwise trains, written in the layout vLLM's ``method: "eagle3"`` loads.
 
-Layout (vLLM's ``llama_eagle3.py`` with ``eagle_config.use_aux_hidden_state = false``): the
-drafter reads the target's last hidden state directly (no ``fc`` over auxiliary layers), one
-decoder layer whose attention takes [norm(embedding); norm(hidden)], a final norm, and its own LM
-head over a reduced draft vocabulary mapped to target ids by ``d2t`` (target = draft + d2t[draft]).
-The token embedding is the target's, shared by vLLM and frozen here.
+Layout (vLLM's ``llama_eagle3.py``): one decoder layer whose attention takes
+[norm(embedding); norm(hidden)], a final norm, and its own LM head over a reduced draft
+vocabulary mapped to target ids by ``d2t`` (target = draft + d2t[draft]). The token embedding is
+the target's, shared by vLLM and frozen here. The first draft step's ``hidden`` is either
+
+- the target's last hidden state (``eagle_config.use_aux_hidden_state = false``), or
+- EAGLE-3's ``fc`` over the target's residual stream after the ``aux_layers`` (vLLM's
+  ``eagle_aux_hidden_state_layer_ids``), each chunk RMS-normed first (``fc_norm``): the raw
+  residual streams of early and late layers differ in scale by orders of magnitude.
 
 The forward pass below reproduces vLLM's arithmetic step for step, so what is trained is what
 vLLM runs: step 1 reads the target's hidden state at position t and the token at t + 1; each later
@@ -76,10 +80,12 @@ class EagleHead(nn.Module):
     draft_ids: torch.Tensor  # [draft vocab] target ids, sorted
     inv_freq: torch.Tensor
 
-    def __init__(self, shape: HeadShape, draft_ids: torch.Tensor, embed: torch.Tensor) -> None:
+    def __init__(self, shape: HeadShape, draft_ids: torch.Tensor, embed: torch.Tensor,
+                 aux_layers: tuple[int, ...] = ()) -> None:
         super().__init__()
         s = shape
         self.shape = s
+        self.aux_layers = tuple(aux_layers)
         h, q_dim, kv_dim = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
         self.register_buffer("draft_ids", draft_ids.to(torch.long).clone(), persistent=False)
@@ -95,6 +101,9 @@ class EagleHead(nn.Module):
         self.down_proj = nn.Linear(s.intermediate_size, h, bias=False)
         self.norm = nn.Parameter(torch.ones(h))
         self.lm_head = nn.Linear(h, len(draft_ids), bias=False)
+        if self.aux_layers:
+            self.fc_norm = nn.Parameter(torch.ones(len(self.aux_layers), h))
+            self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False)
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32)
                                       / s.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
@@ -127,16 +136,30 @@ class EagleHead(nn.Module):
         prenorm = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)) + residual
         return prenorm, rms_norm(prenorm, self.norm, s.rms_eps)
 
+    def combine(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The first draft step's hidden state from what the target hands over: its last
+        hidden state as is, or ``fc`` over the chunk-normed auxiliary layers (vLLM's
+        ``combine_hidden_states``)."""
+        if not self.aux_layers:
+            return hidden
+        n, h = len(self.aux_layers), self.shape.hidden_size
+        chunks = hidden.view(*hidden.shape[:-1], n, h)
+        normed = rms_norm(chunks, self.fc_norm, self.shape.rms_eps)
+        out: torch.Tensor = self.fc(normed.flatten(-2))
+        return out
+
     def unrolled(self, tokens: torch.Tensor, hidden: torch.Tensor, key_mask: torch.Tensor,
                  num_steps: int) -> list[torch.Tensor]:
         """Normed outputs of draft steps 1..num_steps for every slot t of a padded batch.
 
-        tokens [B, L] are the sequences, hidden [B, L, H] the target's last hidden states,
-        key_mask [B, L] true on real tokens. Step s at slot t reads token t + s (teacher
+        tokens [B, L] are the sequences, hidden [B, L, H] the target's last hidden states
+        (or [B, L, len(aux_layers) * H], its auxiliary layers side by side), key_mask [B, L]
+        true on real tokens. Step s at slot t reads token t + s (teacher
         forced: a wrong draft ends the chain, so only right ones are ever continued) at
         position t + s - 1; its output predicts token t + s + 1.
         """
         s = self.shape
+        hidden = self.combine(hidden)
         b, length = tokens.shape
         group = s.num_heads // s.num_kv_heads
         scale = 1.0 / math.sqrt(s.head_dim)
@@ -176,6 +199,10 @@ class EagleHead(nn.Module):
         params = dict(self.named_parameters())
         out = {name: params[own].detach().to(torch.float32).contiguous().clone()
                for name, own in VLLM_NAMES.items()}
+        if self.aux_layers:
+            out["fc.weight"] = self.fc.weight.detach().to(torch.float32).contiguous().clone()
+            for i, w in enumerate(self.fc_norm.detach()):
+                out[f"fc_norm.{i}.weight"] = w.to(torch.float32).contiguous().clone()
         ids = self.draft_ids
         out["d2t"] = (ids - torch.arange(len(ids))).contiguous()
         return out
@@ -202,14 +229,37 @@ class EagleHead(nn.Module):
             self.hidden_norm.copy_(w("input_layernorm.weight"))
             head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
             self.lm_head.weight.copy_(head[self.draft_ids])
+            if self.aux_layers:  # start from the deepest auxiliary layer alone
+                self.fc.weight.zero_()
+                self.fc.weight[:, (len(self.aux_layers) - 1) * h:].copy_(torch.eye(h))
 
 
-def head_config(target_cfg: dict[str, Any], draft_vocab_size: int) -> dict[str, Any]:
+def head_config(target_cfg: dict[str, Any], draft_vocab_size: int,
+                aux_layers: tuple[int, ...] = ()) -> dict[str, Any]:
     """config.json of a head: the target's, one layer, vLLM's EAGLE-3 switches."""
     cfg = {k: v for k, v in target_cfg.items() if not k.startswith("_")}
+    eagle: dict[str, Any] = {"use_aux_hidden_state": bool(aux_layers)}
+    if aux_layers:
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(aux_layers)
+        cfg["fc_norm"] = True
     cfg.update(num_hidden_layers=1, draft_vocab_size=draft_vocab_size, tie_word_embeddings=False,
-               eagle_config={"use_aux_hidden_state": False})
+               eagle_config=eagle)
     return cfg
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """vLLM's EAGLE-3 auxiliary layers for a Llama of ``num_layers`` layers (low, middle,
+    high), as ``get_eagle3_default_aux_hidden_state_layers`` picks them."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def head_aux_layers(head_cfg: dict[str, Any]) -> tuple[int, ...]:
+    """The auxiliary layers a head's config.json asks the target for (empty: the last hidden
+    state)."""
+    eagle = head_cfg.get("eagle_config") or {}
+    if not eagle.get("use_aux_hidden_state", False):
+        return ()
+    return tuple(int(i) for i in eagle.get("eagle_aux_hidden_state_layer_ids") or ())
 
 
 def save_head(head: EagleHead, target_cfg: dict[str, Any], out_dir: Path,
@@ -222,7 +272,8 @@ def save_head(head: EagleHead, target_cfg: dict[str, Any], out_dir: Path,
     tmp = out_dir / "model.safetensors.tmp"
     save_file(head.vllm_state_dict(), str(tmp))
     tmp.replace(out_dir / "model.safetensors")
-    for name, obj in (("config.json", head_config(target_cfg, len(head.draft_ids))),
+    for name, obj in (("config.json", head_config(target_cfg, len(head.draft_ids),
+                                                  head.aux_layers)),
                       (META_FILE, meta)):
         t = out_dir / (name + ".tmp")
         t.write_text(json.dumps(obj, indent=2) + "\n")
@@ -235,9 +286,14 @@ def load_head(head_dir: Path, target_cfg: dict[str, Any], embed: torch.Tensor) -
 
     sd = load_file(str(head_dir / "model.safetensors"))
     ids = sd["d2t"] + torch.arange(len(sd["d2t"]))
-    head = EagleHead(HeadShape.from_config(target_cfg), ids, embed)
+    aux = head_aux_layers(json.loads((head_dir / "config.json").read_text()))
+    head = EagleHead(HeadShape.from_config(target_cfg), ids, embed, aux)
     params = dict(head.named_parameters())
     with torch.no_grad():
         for name, own in VLLM_NAMES.items():
             params[own].copy_(sd[name])
+        if aux:
+            head.fc.weight.copy_(sd["fc.weight"])
+            for i in range(len(aux)):
+                head.fc_norm[i].copy_(sd[f"fc_norm.{i}.weight"])
     return head

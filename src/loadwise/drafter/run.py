@@ -31,6 +31,9 @@ class DrafterConfig:
     max_answer_tokens: int = 256
     draft_vocab_size: int = 8192
     num_steps: int = 3  # draft steps unrolled in training: the k the head is trained for
+    # EAGLE-3 auxiliary layers the head reads (residual stream after that many target layers);
+    # empty: the target's last hidden state.
+    aux_layers: tuple[int, ...] = ()
     epochs: int = 4
     lr: float = 1e-3
     batch_tokens: int = 1024
@@ -50,11 +53,21 @@ class DrafterConfig:
         if self.held_out >= self.num_examples:
             raise DrafterDataError(f"--held-out {self.held_out} leaves nothing to train on "
                                    f"(--num-examples {self.num_examples})")
+        if len(set(self.aux_layers)) != len(self.aux_layers) or any(
+                i < 1 for i in self.aux_layers):
+            raise DrafterDataError(f"--aux-layers must be distinct layer ids >= 1, got "
+                                   f"{','.join(map(str, self.aux_layers))}")
         if not self.lr > 0:
             raise DrafterDataError(f"--lr must be > 0, got {self.lr}")
         if not (Path(self.model) / "config.json").is_file():
             raise DrafterDataError(f"--model {self.model} is not a model directory (no "
                                    "config.json): give a Hugging Face-format model directory")
+        if self.aux_layers:
+            num_layers = num_layers_of(self.model)
+            if max(self.aux_layers) >= num_layers:
+                raise DrafterDataError(
+                    f"--aux-layers {','.join(map(str, self.aux_layers))}: {self.model} has "
+                    f"{num_layers} layers, so layer ids must be below {num_layers}")
 
     def data_fingerprint(self) -> dict[str, Any]:
         """What the cached examples and hidden states depend on."""
@@ -63,8 +76,18 @@ class DrafterConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a saved training state must match to be resumed."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("out_dir", "save_every_s")}
+        out = {k: v for k, v in dataclasses.asdict(self).items()
+               if k not in ("out_dir", "save_every_s")}
+        if self.aux_layers:
+            out["aux_layers"] = list(self.aux_layers)
+        else:  # a head on the last hidden state keeps the fingerprint it had before aux layers
+            del out["aux_layers"]
+        return out
+
+    def hidden_dir(self) -> str:
+        """The cached hidden states' directory under OUT/work: one per set of layers read."""
+        tail = "-aux" + "-".join(map(str, self.aux_layers)) if self.aux_layers else ""
+        return f"hidden-{self.data}{tail}"
 
     def state_name(self) -> str:
         """The training state's file: one per training setting, so a run with another
@@ -117,7 +140,7 @@ def train_drafter(cfg: DrafterConfig, report: Report,
         done[0] += n
         report("hidden states", done[0], len(examples), "target forward")
 
-    hidden = hidden_states(lm, examples, work / f"hidden-{cfg.data}", on_hidden)
+    hidden = hidden_states(lm, examples, work / cfg.hidden_dir(), on_hidden, cfg.aux_layers)
     del lm
     timings["hidden_s"] = time.perf_counter() - t
 
@@ -128,7 +151,7 @@ def train_drafter(cfg: DrafterConfig, report: Report,
     vocab, coverage = T.select_vocab(train_ex, cfg.draft_vocab_size, [eos], shape.vocab_size)
     embed = weights["model.embed_tokens.weight"]
     torch.manual_seed(cfg.seed)
-    head = EagleHead(shape, vocab, embed)
+    head = EagleHead(shape, vocab, embed, cfg.aux_layers)
     head.init_from_target(weights, shape_last_layer(target_cfg))
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     state = T.TrainState()
@@ -164,6 +187,14 @@ def train_drafter(cfg: DrafterConfig, report: Report,
             "held_out": metrics, "stage_time_s": timings, "train_time_s": state.elapsed_s}
     save_head(head, target_cfg, out, meta)
     return meta
+
+
+def num_layers_of(model: str) -> int:
+    try:
+        return int(json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DrafterDataError(f"--model {model}: cannot read num_hidden_layers from its "
+                               f"config.json ({exc})") from exc
 
 
 def _claim(work: Path, cfg: DrafterConfig) -> None:

@@ -1,8 +1,11 @@
-"""The target model's last hidden states over training text: what vLLM hands an EAGLE drafter.
+"""The target model's hidden states over training text: what vLLM hands an EAGLE drafter.
 
-vLLM passes the drafter the output of the target's final norm at each position; transformers'
-``last_hidden_state`` is that same tensor. Computed once per example, kept in float16 (the head
-normalizes it first), saved in shards so an interrupted run resumes.
+Without auxiliary layers vLLM passes the drafter the output of the target's final norm at each
+position; transformers' ``last_hidden_state`` is that same tensor. With EAGLE-3's auxiliary
+layers it passes the residual stream after each of them (layer id L: after L decoder layers),
+which is transformers' ``hidden_states[L]``; they are kept side by side. Computed once per
+example, kept in float16 (the head normalizes them first), saved in shards so an interrupted
+run resumes.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ def load_target(model: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], An
 
 @torch.no_grad()
 def hidden_states(lm: Any, examples: Sequence[Example], shard_dir: Path,
-                  on_done: Callable[[int], None]) -> list[torch.Tensor]:
-    """[len, hidden] float16 per example, resuming from the shards in ``shard_dir``."""
+                  on_done: Callable[[int], None],
+                  aux_layers: tuple[int, ...] = ()) -> list[torch.Tensor]:
+    """[len, hidden] float16 per example ([len, len(aux_layers) * hidden] with auxiliary
+    layers), resuming from the shards in ``shard_dir``."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     out: list[torch.Tensor] = []
     for start in range(0, len(examples), SHARD_EXAMPLES):
@@ -54,7 +59,11 @@ def hidden_states(lm: Any, examples: Sequence[Example], shard_dir: Path,
             states = []
             for ex in chunk:
                 ids = torch.tensor([ex.token_ids])
-                h = lm.model(input_ids=ids).last_hidden_state[0]
+                if aux_layers:
+                    every = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
+                    h = torch.cat([every[i][0] for i in aux_layers], dim=-1)
+                else:
+                    h = lm.model(input_ids=ids).last_hidden_state[0]
                 states.append(h.to(torch.float16))
             tmp = path.with_suffix(".tmp")
             torch.save(states, tmp)
