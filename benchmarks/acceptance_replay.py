@@ -6,7 +6,12 @@ built-in `sharegpt` workload, which no head trained on. Greedy verification acce
 it equals the target's greedy token, so on this text the head's drafts (computed exactly as
 vLLM drafts: step 1 from the target's hidden state, later steps from the head's own output)
 are accepted iff they equal the next tokens of the answer. Every answer position where the
-target produced a token is one drafting step of k = MAX_K drafts.
+target produced a token is a possible drafting step of k = MAX_K drafts; an engine drafts at
+only some of them: after a step that accepted a drafts, its next step starts a + 1 tokens on,
+so the positions inside an accepted run are never drafted from. ``--slots engine`` (default)
+keeps the steps an engine takes; ``--slots every`` keeps every position, which over-weights
+easy stretches (a run of accepted drafts is counted at each of its positions) and so reads
+higher acceptance and AUC than an engine sees. Results before this option used every position.
 
 * Estimator: requests arrive in order; each drafting step is predicted before its outcome is
   observed (prequential), so every prediction is held out. Features: the head's draft
@@ -162,6 +167,26 @@ def feature_ceiling(steps: list[tuple[list[float], int]],
     return out
 
 
+def engine_walk(steps: list[tuple[list[float], int]], owners: list[int],
+                extras: list[list[tuple[float, float]]] | None = None
+                ) -> tuple[list[tuple[list[float], int]], list[int],
+                           list[list[tuple[float, float]]] | None]:
+    """The steps an engine drafts from, out of every position's (in answer order per
+    request): each request's first position, then a + 1 positions on after a step that
+    accepted a drafts."""
+    keep: list[int] = []
+    skip_to: dict[int, int] = {}  # owner -> index of the next position it drafts from
+    seen: dict[int, int] = {}  # owner -> positions passed so far
+    for i, ((_, accepted), owner) in enumerate(zip(steps, owners)):
+        pos = seen.get(owner, 0)
+        seen[owner] = pos + 1
+        if pos == skip_to.get(owner, 0):
+            keep.append(i)
+            skip_to[owner] = pos + accepted + 1
+    return ([steps[i] for i in keep], [owners[i] for i in keep],
+            None if extras is None else [extras[i] for i in keep])
+
+
 def mean_accepted(steps: list[tuple[list[float], int]]) -> dict[str, float]:
     """Drafts greedy verification accepts per drafting step, and per target decode step (a
     step yields one target token plus the drafts accepted)."""
@@ -302,11 +327,21 @@ def computed_steps(args: argparse.Namespace) -> tuple[Any, Any, list[int], dict[
     extras: list[list[tuple[float, float]]] = []
     owners: list[int] = []
     steps = drafting_steps(head, examples, hidden_for(head), extras, owners)
-    heads = {"head": mean_accepted(steps)}
+    heads = {"head": accepted_both_ways(steps, owners)}
     if args.compare_head:
         other = load_head(Path(args.compare_head), target_cfg, embed)
-        heads["compare_head"] = mean_accepted(drafting_steps(other, examples, hidden_for(other)))
+        other_owners: list[int] = []
+        other_steps = drafting_steps(other, examples, hidden_for(other), None, other_owners)
+        heads["compare_head"] = accepted_both_ways(other_steps, other_owners)
     return steps, extras, owners, heads
+
+
+def accepted_both_ways(steps: list[tuple[list[float], int]], owners: list[int]
+                       ) -> dict[str, dict[str, float]]:
+    """Accepted drafts per drafting step over the steps an engine takes and over every
+    position."""
+    return {"engine": mean_accepted(engine_walk(steps, owners)[0]),
+            "every": mean_accepted(steps)}
 
 
 def recorded_steps(path: str) -> tuple[Any, None, list[int], dict[str, Any]]:
@@ -324,7 +359,7 @@ def recorded_steps(path: str) -> tuple[Any, None, list[int], dict[str, Any]]:
         for feats, _ in steps:
             owners.append(current)
             current += len(feats) == 1
-    return steps, None, owners, {"head": mean_accepted(steps)}
+    return steps, None, owners, {"head": accepted_both_ways(steps, owners)}
 
 
 def main() -> None:
@@ -339,6 +374,9 @@ def main() -> None:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
                     help="the estimator's history feature (0: the draft distribution alone)")
+    ap.add_argument("--slots", choices=("engine", "every"), default="engine",
+                    help="replay the steps an engine drafts from (default), or every answer "
+                         "position (what results before this option did)")
     ap.add_argument("--compare-head", default=None,
                     help="another head (e.g. trained on human answers): its accepted drafts per "
                          "drafting step on the same text")
@@ -349,7 +387,10 @@ def main() -> None:
         steps, extras, owners, heads = recorded_steps(args.steps_from)
     else:
         steps, extras, owners, heads = computed_steps(args)
-    print(f"{len(steps)} drafting steps of {len(set(owners))} requests")
+    all_steps, all_owners = steps, owners  # every position, recorded for later replays
+    if args.slots == "engine":
+        steps, owners, extras = engine_walk(steps, owners, extras)
+    print(f"{len(steps)} drafting steps ({args.slots}) of {len(set(owners))} requests")
     print("accepted drafts per drafting step:", heads)
     alpha = args.history_alpha
     estimator, _ = replay_estimator(steps, owners, history_alpha=alpha)
@@ -377,7 +418,8 @@ def main() -> None:
         "accepted_per_drafting_step": heads, "estimator": estimator,
         "estimator_draft_only": draft_only, "estimator_one_step_refits": one_step,
         "feature_ceiling": ceiling, "trimming": trimming,
-        "raw_steps": [[[round(q, 5) for q in f], a, o] for (f, a), o in zip(steps, owners)],
+        "raw_steps": [[[round(q, 5) for q in f], a, o]
+                      for (f, a), o in zip(all_steps, all_owners)],
         "wall_s": round(time.perf_counter() - t0, 1)})
     plot(estimator["calibration"], path.with_suffix(".png"),
          f"online estimator, held-out drafts (AUC {estimator['auc_pooled']:.3f})")
