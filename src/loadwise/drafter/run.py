@@ -34,7 +34,7 @@ class DrafterConfig:
     # EAGLE-3 auxiliary layers the head reads (residual stream after that many target layers);
     # empty: the target's last hidden state.
     aux_layers: tuple[int, ...] = ()
-    epochs: int = 4
+    epochs: int = 8
     lr: float = 1e-3
     batch_tokens: int = 1024
     held_out: int = 32  # examples kept out of training to measure the head
