@@ -76,13 +76,9 @@ class DrafterConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a saved training state must match to be resumed."""
-        out = {k: v for k, v in dataclasses.asdict(self).items()
-               if k not in ("out_dir", "save_every_s")}
-        if self.aux_layers:
-            out["aux_layers"] = list(self.aux_layers)
-        else:  # a head on the last hidden state keeps the fingerprint it had before aux layers
-            del out["aux_layers"]
-        return out
+        # A head on the last hidden state keeps the fingerprint it had before aux layers.
+        drop = ("out_dir", "save_every_s") + (() if self.aux_layers else ("aux_layers",))
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
 
     def hidden_dir(self) -> str:
         """The cached hidden states' directory under OUT/work: one per set of layers read."""
