@@ -23,7 +23,12 @@ higher acceptance and AUC than an engine sees. Results before this option used e
   second, for the max probability alone and with the top-2 margin, the entropy, the history.
 * Trimming: drafting steps grouped into batches of b; `policy.trim` keeps a prefix of each
   request's drafts with the estimator's survival and the verification cost T(b, drafts) of a
-  tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing).
+  tuned profile's step times (default: the newest ngram tune, whose drafter costs ~nothing),
+  and with ``--min-survival`` a floor below which no draft is verified. Also what a floor
+  alone cuts (``floor_frontier``). Rejected drafts count as vLLM counts them (every verified
+  draft not accepted); results before the floor existed counted one per step.
+* Prompt lookup: vLLM's ngram proposer on the same answers and engine steps, per
+  (prompt_lookup_min, prompt_lookup_max), for the accepted drafts per decode step.
 
 Writes benchmarks/results/acceptance-replay-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/acceptance_replay.py --head DIR [--prompts 96] [--profile PATH]
@@ -64,6 +69,9 @@ from loadwise.vllm.local import LocalEngine
 
 MAX_K = 3
 BATCH_SIZES = (1, 8, 32)
+# Prompt lookup's (prompt_lookup_min, prompt_lookup_max): vLLM's default first, then shorter
+# matches, which draft more often and less surely.
+LOOKUP_SETTINGS = ((5, 5), (3, 5), (2, 5), (1, 5), (2, 3))
 
 
 BINDING = CpuBinding.parse(ALL)
@@ -118,6 +126,46 @@ def drafting_steps(head: Any, examples: list[Example], hidden: list[torch.Tensor
             if owners is not None:
                 owners.append(i)
     return steps
+
+
+def lookup_steps(examples: list[Example], min_n: int, max_n: int
+                 ) -> tuple[list[tuple[list[float], int]], list[int]]:
+    """Prompt lookup's drafting steps at the positions ``drafting_steps`` walks, drafted by
+    vLLM's own ngram proposer function over the prompt and the answer so far: (1.0 per draft,
+    as prompt lookup has no draft distribution, and the drafts accepted); a position where it
+    finds no match is a step with no drafts."""
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as propose,
+    )
+
+    steps: list[tuple[list[float], int]] = []
+    owners: list[int] = []
+    for i, ex in enumerate(examples):
+        ids = np.asarray(ex.token_ids, dtype=np.int32)
+        n = len(ids)
+        for t in range(len(ex.prompt_ids) - 1, n - 2):
+            drafts = propose(ids[:t + 2], min_n, max_n, n + MAX_K, MAX_K)[:n - t - 2]
+            accepted = 0
+            for s, d in enumerate(drafts):
+                if int(d) != int(ids[t + 2 + s]):
+                    break
+                accepted += 1
+            steps.append(([1.0] * len(drafts), accepted))
+            owners.append(i)
+    return steps, owners
+
+
+def lookup_accepted(examples: list[Example]) -> dict[str, dict[str, float]]:
+    """Per prompt-lookup setting "min,max": accepted drafts per decode step over the steps an
+    engine takes, and the share of those steps that drafted at all."""
+    out: dict[str, dict[str, float]] = {}
+    for min_n, max_n in LOOKUP_SETTINGS:
+        steps, owners = lookup_steps(examples, min_n, max_n)
+        walked = engine_walk(steps, owners)[0]
+        drafted = sum(1 for feats, _ in walked if feats) / max(1, len(walked))
+        out[f"{min_n},{max_n}"] = {**mean_accepted(walked), "drafted_share": round(drafted, 4)}
+    return out
 
 
 FEATURE_SETS = {"max_prob": (), "max_prob+margin": ("margin",),
@@ -246,36 +294,54 @@ def vars_bin(b: Any) -> dict[str, float]:
             "accepted_share": round(b.accepted_share, 4), "count": b.count}
 
 
-def replay_trimming(steps: list[tuple[list[float], int]], owners: list[int], profile: Profile,
-                    history_alpha: float) -> dict[str, Any]:
+def replay_trimming(steps: list[tuple[list[float], int]], owners: list[int],
+                    profile: Profile | None, history_alpha: float, min_survival: float = 0.0,
+                    batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, Any]:
     """Table (every draft verified) against trimming, per batch size, on the same steps; the
     estimator runs online as it would in the engine (a batch is b consecutive drafting steps;
-    a request's history moves on after each batch)."""
-    times = profile.step_times()
+    a request's history moves on after each batch). Without a profile drafts cost nothing
+    and only ``min_survival`` cuts. Rejected drafts count as vLLM counts them: every verified
+    draft not accepted, those after the first rejection included."""
+    times = profile.step_times() if profile is not None else None
     out: dict[str, Any] = {}
-    for b in BATCH_SIZES:
+    for b in batch_sizes:
         est = AcceptanceEstimator.create(MAX_K, history_alpha=history_alpha)
         history: dict[int, float | None] = {}
         table = {"accepted": 0, "rejected_verified": 0, "verified": 0}
         trimmed = {"accepted": 0, "rejected_verified": 0, "verified": 0}
+
+        def cost(n: int, b: int = b) -> float:
+            return times.at(b, min(n / b, times.max_k)) if times is not None else 1.0
+
         for g in range(0, len(steps) - b + 1, b):
             group = list(zip(steps[g:g + b], owners[g:g + b]))
             hs = [history.get(o, est.prior_history() if est.uses_history else None)
                   for _, o in group]
             surv = [est.survival(f, h) for ((f, _), _), h in zip(group, hs)]
-            d = trim(surv, lambda n, b=b: times.at(b, min(n / b, times.max_k)))
+            d = trim(surv, cost, min_survival)
             for ((feats, acc), owner), keep, h in zip(group, d.keep, hs):
                 for tally, k in ((table, len(feats)), (trimmed, keep)):
                     got = min(acc, k)
                     tally["accepted"] += got
                     tally["verified"] += k
-                    tally["rejected_verified"] += min(k, got + 1) - got if k > got else 0
+                    tally["rejected_verified"] += k - got
                 history[owner] = est.observe(feats, acc, h)
         out[str(b)] = {"table": table, "trimmed": trimmed,
                        "rejected_verified_cut": 1 - trimmed["rejected_verified"]
                        / max(1, table["rejected_verified"]),
                        "accepted_kept": trimmed["accepted"] / max(1, table["accepted"])}
     return out
+
+
+FLOORS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
+
+
+def floor_frontier(steps: list[tuple[list[float], int]], owners: list[int],
+                   history_alpha: float) -> dict[str, Any]:
+    """What a survival floor alone cuts, with verification free (one request at a time):
+    rejected drafts cut against accepted drafts kept, per floor."""
+    return {str(f): replay_trimming(steps, owners, None, history_alpha, f, (1,))["1"]
+            for f in FLOORS}
 
 
 def plot(calib: list[dict[str, float]], path: Path, title: str) -> None:
@@ -333,6 +399,7 @@ def computed_steps(args: argparse.Namespace) -> tuple[Any, Any, list[int], dict[
         other_owners: list[int] = []
         other_steps = drafting_steps(other, examples, hidden_for(other), None, other_owners)
         heads["compare_head"] = accepted_both_ways(other_steps, other_owners)
+    heads["prompt_lookup"] = lookup_accepted(examples)
     return steps, extras, owners, heads
 
 
@@ -377,6 +444,8 @@ def main() -> None:
     ap.add_argument("--slots", choices=("engine", "every"), default="engine",
                     help="replay the steps an engine drafts from (default), or every answer "
                          "position (what results before this option did)")
+    ap.add_argument("--min-survival", type=float, default=0.0,
+                    help="trimming's survival floor (policy.trim), besides its cost model")
     ap.add_argument("--compare-head", default=None,
                     help="another head (e.g. trained on human answers): its accepted drafts per "
                          "drafting step on the same text")
@@ -407,17 +476,22 @@ def main() -> None:
     profile_path = Path(args.profile) if args.profile else newest_ngram_profile()
     trimming = None
     if profile_path is not None:
-        trimming = replay_trimming(steps, owners, Profile.load(profile_path), alpha)
+        trimming = replay_trimming(steps, owners, Profile.load(profile_path), alpha,
+                                   args.min_survival)
         for b, row in trimming.items():
             print(f"b={b}: rejected-verified cut {row['rejected_verified_cut']:.1%}, accepted "
                   f"kept {row['accepted_kept']:.1%}")
+    floors = floor_frontier(steps, owners, alpha)
+    for f, row in floors.items():
+        print(f"floor {f} alone: rejected cut {row['rejected_verified_cut']:.1%}, accepted kept "
+              f"{row['accepted_kept']:.1%}")
     path = write_result("acceptance-replay", {
         **made_by, "binding": BINDING.to_json(), "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
         "accepted_per_drafting_step": heads, "estimator": estimator,
         "estimator_draft_only": draft_only, "estimator_one_step_refits": one_step,
-        "feature_ceiling": ceiling, "trimming": trimming,
+        "feature_ceiling": ceiling, "trimming": trimming, "floor_frontier": floors,
         "raw_steps": [[[round(q, 5) for q in f], a, o]
                       for (f, a), o in zip(all_steps, all_owners)],
         "wall_s": round(time.perf_counter() - t0, 1)})

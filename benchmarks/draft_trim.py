@@ -18,6 +18,7 @@ draft tokens - accepted. Every output is compared with the off server's for the 
 Writes benchmarks/results/draft-trim-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/draft_trim.py --head DIR [--profile PATH] [--table JSON] [--rounds 3]
        [--loads 1,8,32] [--max-tokens 96] [--enforce-eager] [--history-alpha 0.2]
+       [--servers off,table,trim] [--prompts 1:24]
 """
 
 from __future__ import annotations
@@ -91,7 +92,21 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
                     help="the estimator's history feature (0: the draft distribution alone)")
+    ap.add_argument("--servers", default="off,table,trim",
+                    help="which servers to run (off is always run: outputs are checked "
+                         "against it)")
+    ap.add_argument("--prompts", default="",
+                    help="prompts per job at a load, e.g. 1:24 (default: 1:6, 8:24, 32:64, "
+                         "else 2 per slot)")
     args = ap.parse_args()
+    wanted = ["off"] + [n for n in args.servers.split(",") if n and n != "off"]
+    if any(n not in ("table", "trim") for n in wanted[1:]):
+        ap.error(f"--servers {args.servers!r}: choose from off, table, trim")
+    try:
+        prompts_per_load = {**PROMPTS_PER_LOAD, **{
+            int(a): int(b) for a, b in (x.split(":") for x in args.prompts.split(",") if x)}}
+    except ValueError:
+        ap.error(f"--prompts {args.prompts!r}: give LOAD:N pairs such as 1:24,8:24")
     profile = args.profile or str(newest_ngram_profile())
     loads = [int(x) for x in args.loads.split(",")]
     state_dir = Path(tempfile.mkdtemp(prefix="draft-trim-"))
@@ -108,7 +123,7 @@ def main() -> None:
             trim_profile=profile, state_file=str(state_dir / "trim.json"),
             history_alpha=args.history_alpha)),
     }
-    names = list(specs)
+    names = [n for n in specs if n in wanted]
     made_by = provenance()
     workload = resolve("sharegpt")
     model = Path(base.model).name
@@ -122,7 +137,7 @@ def main() -> None:
         start = 0
         job_prompts = {}
         for load in loads:
-            n_p = PROMPTS_PER_LOAD.get(load, 2 * load)
+            n_p = prompts_per_load.get(load, 2 * load)
             job_prompts[load] = [workload.prompts[(start + i) % len(workload.prompts)]
                                  for i in range(n_p)]
             start += n_p
@@ -139,14 +154,14 @@ def main() -> None:
                     print(f"[{time.perf_counter() - t0:5.0f} s] {n} c={load} r={r}: "
                           f"{j['tok_s']} tok/s, drafts {j['num_draft_tokens']}, accepted "
                           f"{j['num_accepted_tokens']}, cpu {j['cpu_s']}", flush=True)
-        gate_states = {n: read_gate_state(str(state_dir / f"{n}.json")) for n in ("table", "trim")}
+        gate_states = {n: read_gate_state(str(state_dir / f"{n}.json")) for n in names[1:]}
     finally:
         for s in servers.values():
             s.stop()
     summary = summarize(jobs, loads, args.rounds)
     for load, row in summary.items():
         print(load, row)
-    table_gate = gate_states["table"] or {}
+    table_gate = gate_states.get("table") or {}
     print("live estimator (table server):", {k: table_gate.get(k) for k in
                                              ("auc", "auc_per_position", "observed_requests")})
     path = write_result("draft-trim", {
@@ -167,9 +182,10 @@ def main() -> None:
 
 
 def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict[str, Any]:
-    """Per load: trimming's rejected and accepted drafts against the table's (counts pooled
-    over rounds), its tok/s and worker CPU over the table's round by round, and greedy identity
-    of every output against no speculation's."""
+    """Per load: greedy identity of every output against no speculation's, tok/s and worker
+    CPU of the table over no speculation round by round, and trimming's rejected and accepted
+    drafts against the table's (counts pooled over rounds) with its tok/s and worker CPU over
+    the table's; only for the servers that ran."""
     out: dict[str, Any] = {}
     for load in loads:
         mine = {n: [j for j in jobs if j["server"] == n and j["load"] == load]
@@ -178,38 +194,45 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
         def total(n: str, key: str, m: dict[str, list[dict[str, Any]]] = mine) -> int:
             return sum(j[key] for j in m[n])
 
-        def ratio(a: str, b: str, key: str,
-                  m: dict[str, list[dict[str, Any]]] = mine) -> list[float]:
-            return [round(x[key] / y[key], 3) for r in range(rounds)
+        def per_round(a: str, b: str, value: Any,
+                      m: dict[str, list[dict[str, Any]]] = mine) -> list[float]:
+            return [round(value(x) / max(value(y), 1e-9), 3) for r in range(rounds)
                     for x in m[a] if x["round"] == r for y in m[b] if y["round"] == r]
 
-        def cpu_ratio(m: dict[str, list[dict[str, Any]]] = mine) -> list[float]:
-            return [round(x["cpu_s"].get("worker", 0) / max(y["cpu_s"].get("worker", 0), 1e-9),
-                          3) for r in range(rounds)
-                    for x in m["trim"] if x["round"] == r for y in m["table"] if y["round"] == r]
+        def tok_s(j: dict[str, Any]) -> float:
+            return float(j["tok_s"])
+
+        def worker_cpu_s(j: dict[str, Any]) -> float:
+            return float(j["cpu_s"].get("worker", 0))
 
         identity = {}
         for n in ("table", "trim"):
             pairs = [(a, b) for r in range(rounds) for x in mine[n] if x["round"] == r
                      for y in mine["off"] if y["round"] == r
                      for a, b in zip(x["outputs"], y["outputs"])]
-            identity[n] = {"identical": sum(a == b for a, b in pairs), "of": len(pairs)}
-        rej_table, rej_trim = total("table", "rejected_draft_tokens"), total(
-            "trim", "rejected_draft_tokens")
-        acc_table, acc_trim = total("table", "num_accepted_tokens"), total(
-            "trim", "num_accepted_tokens")
-        out[str(load)] = {
-            "rejected_table": rej_table, "rejected_trim": rej_trim,
-            "rejected_cut": round(1 - rej_trim / rej_table, 4) if rej_table else None,
-            "accepted_table": acc_table, "accepted_trim": acc_trim,
-            "accepted_kept": round(acc_trim / acc_table, 4) if acc_table else None,
-            "trim_over_table_tok_s_per_round": ratio("trim", "table", "tok_s"),
-            "table_over_off_tok_s_per_round": ratio("table", "off", "tok_s"),
-            "trim_over_table_worker_cpu_per_round": cpu_ratio(),
+            if pairs:
+                identity[n] = {"identical": sum(a == b for a, b in pairs), "of": len(pairs)}
+        row: dict[str, Any] = {
             "median_tok_s": {n: statistics.median(j["tok_s"] for j in mine[n])
                              for n in mine if mine[n]},
             "greedy_identity_vs_off": identity,
+            "table_over_off_tok_s_per_round": per_round("table", "off", tok_s),
+            "table_over_off_worker_cpu_per_round": per_round("table", "off", worker_cpu_s),
         }
+        if mine["table"] and mine["trim"]:
+            rej_table, rej_trim = total("table", "rejected_draft_tokens"), total(
+                "trim", "rejected_draft_tokens")
+            acc_table, acc_trim = total("table", "num_accepted_tokens"), total(
+                "trim", "num_accepted_tokens")
+            row.update({
+                "rejected_table": rej_table, "rejected_trim": rej_trim,
+                "rejected_cut": round(1 - rej_trim / rej_table, 4) if rej_table else None,
+                "accepted_table": acc_table, "accepted_trim": acc_trim,
+                "accepted_kept": round(acc_trim / acc_table, 4) if acc_table else None,
+                "trim_over_table_tok_s_per_round": per_round("trim", "table", tok_s),
+                "trim_over_table_worker_cpu_per_round": per_round("trim", "table", worker_cpu_s),
+            })
+        out[str(load)] = row
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,3 +137,22 @@ def test_without_history_the_gate_keeps_no_per_request_state() -> None:
     gate.offer({"a": 3}, {"a": [0.5] * 3})
     gate.verified([("a", 3, 3)])
     assert gate.history("a") is None
+
+
+def test_a_floor_without_a_cost_model_trims_only_the_unlikely_drafts() -> None:
+    est = AcceptanceEstimator.create(K)
+    gate = DraftGate(est, None, min_survival=0.1, explore_every=0)
+    assert gate.trimming
+    feats = {"a": [0.95, 0.9, 0.9], "b": [0.05, 0.05, 0.05]}
+    keep = gate.offer({"a": 3, "b": 3}, feats)
+    for rid, q in feats.items():
+        surv = est.survival(q)
+        assert keep[rid] == sum(1 for v in surv if v >= 0.1)
+    assert keep["b"] < 3  # the prior gives a draft at probability 0.05 little chance
+    assert not DraftGate(est, None).trimming  # no floor, no profile: estimate only
+
+
+def test_a_floor_outside_zero_to_one_is_refused() -> None:
+    for bad in (-0.1, 1.0, 2.0):
+        with pytest.raises(ValueError, match="min_survival"):
+            DraftGate(AcceptanceEstimator.create(K), None, min_survival=bad)

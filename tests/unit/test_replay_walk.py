@@ -32,3 +32,22 @@ def test_a_walk_covers_the_answer_once_from_its_first_position(
     assert len(steps) <= covered <= len(steps) + 3
     assert kept[0] is steps[0]
     assert len(kept) <= len(steps)
+
+
+def test_prompt_lookup_drafts_what_follows_the_repeated_ngram() -> None:
+    from acceptance_replay import lookup_steps
+
+    from loadwise.drafter.data import Example
+
+    # The prompt holds 1 2 3 4 5 6 7; the answer repeats 1 2 3 then goes 4 5 9. With n = 3 the
+    # first lookup (context ... 1 2 3) proposes 4 5 6: two accepted, the third (6 vs 9) not.
+    ex = Example(prompt_ids=(1, 2, 3, 4, 5, 6, 7), answer_ids=(1, 2, 3, 4, 5, 9, 8))
+    steps, owners = lookup_steps([ex], 3, 3)
+    assert owners == [0] * len(steps)
+    # positions: answer token 1..5 just sampled (the last drafting step needs one label left)
+    assert len(steps) == len(ex.answer_ids) - 1
+    by_pos = [a for _, a in steps]
+    assert [len(f) for f, _ in steps][:2] == [0, 0]  # contexts ending "6 7 1", "7 1 2": no match
+    assert by_pos[:2] == [0, 0]
+    assert by_pos[2] == 2  # context ends 1 2 3: proposes 4 5 6, accepts 4 5
+    assert len(steps[2][0]) == 3

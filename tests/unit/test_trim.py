@@ -55,3 +55,27 @@ def test_cuts_each_request_where_its_drafts_stop_paying() -> None:
     # step's tokens per second would lose.
     d = trim([[0.95, 0.9, 0.85], [0.2, 0.05, 0.01]], lambda n: 1.0 + 0.3 * n)
     assert d.keep == (3, 0)
+
+
+@given(survivals_strategy(), cost_strategy(), st.floats(0, 0.99))
+def test_a_floor_keeps_no_draft_below_it_and_the_best_goodput_above_it(
+        survivals, cost, floor) -> None:
+    fixed, per = cost
+
+    def step(n: int) -> float:
+        return fixed + per * n
+
+    d = trim(survivals, step, min_survival=floor)
+    above = [sum(1 for v in s if v >= floor) for s in survivals]  # survivals do not grow
+    assert all(k <= a for k, a in zip(d.keep, above))
+    b = len(survivals)
+    best = max((b + sum(sum(s[:k]) for s, k in zip(survivals, keep))) / step(sum(keep))
+               for keep in itertools.product(*[range(a + 1) for a in above]))
+    assert d.goodput_tok_s == pytest.approx(best, rel=1e-9)
+
+
+def test_a_floor_cuts_drafts_that_free_verification_would_keep() -> None:
+    s = [[0.9, 0.5, 0.1], [0.3, 0.04, 0.01]]
+    assert trim(s, lambda n: 1.0).keep == (3, 3)
+    assert trim(s, lambda n: 1.0, min_survival=0.05).keep == (3, 1)
+    assert trim(s, lambda n: 1.0, min_survival=0.0).keep == trim(s, lambda n: 1.0).keep

@@ -55,6 +55,10 @@ def add_parser(sub: Any) -> None:
                        "prefix with the most expected tokens/s, under PROFILE's step times (a "
                        "tune profile.json at this binding; one tuned with prompt lookup times "
                        "verification alone). The table stays the upper bound")
+    serve.add_argument("--trim-min-survival", metavar="P", type=float,
+                       help="EAGLE/draft model: never verify a draft whose estimated chance of "
+                       "being accepted with every draft before it is below P (0 <= P < 1), "
+                       "with or without --trim; cuts drafts even where verifying is free")
     serve.add_argument("--kv-store", metavar="DIR",
                        help="keep KV blocks in loadwise's store in DIR (vLLM KV connector): a "
                        "chat's next turn and a restarted server load stored prefixes instead of "
@@ -131,10 +135,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--decode-kv-cache-gib needs --disagg")
     if args.decode_kv_cache_gib is not None and args.decode_kv_cache_gib <= 0:
         raise UsageError(f"--decode-kv-cache-gib must be > 0, got {args.decode_kv_cache_gib:g}")
-    if args.acceptance_history is not None and not (args.trim or args.estimate_acceptance):
-        raise UsageError("--acceptance-history needs --estimate-acceptance or --trim")
-    if args.disagg and (args.trim or args.estimate_acceptance):
-        raise UsageError("--disagg does not take --trim or --estimate-acceptance yet")
+    gate_on = bool(args.trim or args.estimate_acceptance or args.trim_min_survival is not None)
+    if args.acceptance_history is not None and not gate_on:
+        raise UsageError("--acceptance-history needs --estimate-acceptance, --trim or "
+                         "--trim-min-survival")
+    if args.disagg and gate_on:
+        raise UsageError("--disagg does not take --trim, --trim-min-survival or "
+                         "--estimate-acceptance yet")
     if args.adaptive:
         from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
 
@@ -162,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
         invariant_mode.check_supported(on_cpu())
         spec = replace(spec, batch_invariant=True)
-    if args.trim or args.estimate_acceptance:
+    if gate_on:
         spec = replace(spec, draft_gate=_draft_gate(args, spec))
     if args.disagg:
         return _run_disagg(args, spec)
@@ -220,12 +227,16 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
         load_checked_profile(args.trim, spec.max_k, spec.model, spec.cpu_binding)
     state = Path(tempfile.gettempdir()) / f"loadwise-gate-{args.port}.json"
     alpha = DEFAULT_HISTORY_ALPHA if args.acceptance_history is None else args.acceptance_history
+    floor = args.trim_min_survival or 0.0
     try:
-        gate = DraftGateConfig(trim_profile=args.trim, state_file=str(state), history_alpha=alpha)
+        gate = DraftGateConfig(trim_profile=args.trim, state_file=str(state), history_alpha=alpha,
+                               min_survival=floor)
     except ValueError as exc:
-        raise UsageError(f"--acceptance-history: {exc}") from exc
-    console.print(f"draft gate on ({'trimming by ' + args.trim if args.trim else 'estimating'}"
-                  f"), live state in {state}")
+        flag = "--trim-min-survival" if "min_survival" in str(exc) else "--acceptance-history"
+        raise UsageError(f"{flag}: {exc}") from exc
+    how = ["trimming by " + args.trim] if args.trim else []
+    how += [f"no draft below survival {floor:g}"] if floor > 0 else []
+    console.print(f"draft gate on ({', '.join(how) or 'estimating'}), live state in {state}")
     return gate
 
 

@@ -37,6 +37,11 @@ from loadwise.policy.trim import trim
 StepTimeFn = Callable[[int, float], float]
 
 
+def check_min_survival(value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"min_survival must be in [0, 1), not {value}")
+
+
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:
     """What the gate has seen and how well its estimator ranks drafts (over its recent window)."""
@@ -96,8 +101,10 @@ class GateSnapshot:
 @dataclass(slots=True)
 class DraftGate:
     estimator: AcceptanceEstimator
-    # None: estimate only, every draft is verified as the table gave it.
+    # None: no cost model; the gate trims only by ``min_survival`` (0: estimate only, every
+    # draft is verified as the table gave it).
     step_time_s: StepTimeFn | None = None
+    min_survival: float = 0.0  # drafts below this survival are never verified (policy.trim)
     explore_every: int = 20  # with trimming: every n-th offer keeps every draft
     offers: int = 0
     offered_drafts: int = 0
@@ -107,9 +114,12 @@ class DraftGate:
     _pending: dict[str, list[float]] = field(default_factory=dict)
     _history: dict[str, float] = field(default_factory=dict)  # request -> recent acceptance
 
+    def __post_init__(self) -> None:
+        check_min_survival(self.min_survival)
+
     @property
     def trimming(self) -> bool:
-        return self.step_time_s is not None
+        return self.step_time_s is not None or self.min_survival > 0
 
     def offer(self, num_drafts: Mapping[str, int],
               features: Mapping[str, Sequence[float]]) -> dict[str, int]:
@@ -126,12 +136,17 @@ class DraftGate:
         est = self.estimator
         if est.uses_history:
             self._history = {rid: h for rid, h in self._history.items() if rid in num_drafts}
-        if scored and self.step_time_s is not None and not explore:
+        if scored and self.trimming and not explore:
             survivals = [est.survival(features[rid][:num_drafts[rid]], self.history(rid))
                          for rid in scored]
             b = len(num_drafts)
             t = self.step_time_s
-            decision = trim(survivals, lambda n: t(b, n / b))
+
+            def cost(n: int) -> float:
+                # Without a cost model drafts cost nothing: the floor alone cuts.
+                return t(b, n / b) if t is not None else 1.0
+
+            decision = trim(survivals, cost, self.min_survival)
             keep.update(zip(scored, decision.keep))
         self._pending = {rid: list(features[rid][:keep[rid]]) for rid in scored if keep[rid]}
         self.offered_drafts += sum(num_drafts[rid] for rid in scored)

@@ -8,6 +8,10 @@ survivals over the batch, and because each request's survivals do not grow with 
 is a prefix of every request's drafts. The rule takes the n with the most expected tokens per
 second. Never more than a request drafted (so never above the table's k), never below zero.
 
+``min_survival`` is a floor: a draft whose survival is below it is never verified, whatever
+verification costs. Where verifying is nearly free (one request on a CPU) the goodput rule
+keeps every draft; the floor still spares the engine the drafts it almost surely rejects.
+
 Pure Python: runs in the engine adapter, in replays and in tests.
 """
 
@@ -29,15 +33,18 @@ class TrimDecision:
         return self.expected_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
 
-def trim(survivals: Sequence[Sequence[float]],
-         step_time_s: Callable[[int], float]) -> TrimDecision:
+def trim(survivals: Sequence[Sequence[float]], step_time_s: Callable[[int], float],
+         min_survival: float = 0.0) -> TrimDecision:
     """Drafts to keep per request; ``step_time_s(n)`` is the step's time verifying n drafts in
-    total (the batch size is fixed). Ties keep fewer drafts."""
+    total (the batch size is fixed). Ties keep fewer drafts; no draft below ``min_survival``
+    is kept."""
     b = len(survivals)
     # Survival cannot grow along a request's drafts; a noisy input is read as its running
-    # minimum, so the n largest values are always a prefix of each request.
+    # minimum, so the n largest values are always a prefix of each request, and so are the
+    # drafts at or above the floor.
     mono = [_running_min(s) for s in survivals]
-    ranked = [(-v, r, j) for r, s in enumerate(mono) for j, v in enumerate(s)]
+    ranked = [(-v, r, j) for r, s in enumerate(mono) for j, v in enumerate(s)
+              if v >= min_survival]
     heapq.heapify(ranked)
     keep = [0] * b
     best = TrimDecision(tuple(keep), float(b), step_time_s(0))

@@ -13,6 +13,7 @@ from typing import Any
 
 from loadwise.errors import LoadwiseError
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
+from loadwise.policy.gate import check_min_survival
 from loadwise.policy.table import DraftLengthTable, TableError
 from loadwise.vllm.binding import CpuBinding, apply_env
 
@@ -181,16 +182,20 @@ class DraftGateConfig:
     state_file: str | None = None  # where the gate writes its state (for /metrics and status)
     # The estimator's history feature (policy.acceptance): 0 is the draft distribution alone.
     history_alpha: float = DEFAULT_HISTORY_ALPHA
+    # Drafts whose estimated survival is below this are never verified (policy.trim); 0: none.
+    min_survival: float = 0.0
 
     def __post_init__(self) -> None:
         EstimatorConfig(1, history_alpha=self.history_alpha)  # refuses a bad value here
+        check_min_survival(self.min_survival)
 
     def env(self) -> dict[str, str]:
         from loadwise.vllm.draft_gate import ENV_GATE, ENV_GATE_STATE
 
         profile = str(Path(self.trim_profile).resolve()) if self.trim_profile else None
         env = {ENV_GATE: json.dumps({"trim_profile": profile,
-                                     "history_alpha": self.history_alpha})}
+                                     "history_alpha": self.history_alpha,
+                                     "min_survival": self.min_survival})}
         if self.state_file:
             env[ENV_GATE_STATE] = str(Path(self.state_file).resolve())
         return env

