@@ -70,11 +70,13 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     profile = costly_verification_profile(tmp_path / "profile.json", model_dir, 3)
     eagle = dataclasses.replace(base, spec_method="eagle", max_k=3, draft_model=str(head))
     gate = DraftGateConfig(trim_profile=str(profile), state_file=str(tmp_path / "gate.json"))
+    floor = DraftGateConfig(min_survival=0.3)  # no cost model: the floor alone cuts
     outputs = {}
     drafted = {}
     gates = {}
     for name, spec, fail_after in (("off", base, None),
                                    ("trim", dataclasses.replace(eagle, draft_gate=gate), None),
+                                   ("floor", dataclasses.replace(eagle, draft_gate=floor), None),
                                    ("failed", dataclasses.replace(eagle, draft_gate=gate), 3)):
         if fail_after is not None:
             monkeypatch.setenv(ENV_GATE_FAIL_AFTER, str(fail_after))
@@ -95,10 +97,15 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     assert trim.kept_drafts < trim.offered_drafts
     assert 0 < drafted["trim"] <= trim.kept_drafts
     assert trim.estimator.num_observed > 0
+    # The floor reached the engine's gate and cut drafts on its own.
+    cut = gates["floor"].gate
+    assert cut.min_survival == 0.3 and cut.step_time_s is None and cut.trimming
+    assert 0 < cut.kept_drafts < cut.offered_drafts
     # An injected failure: the gate stops, every later draft is verified as the table gives.
     assert gates["failed"].failed and gates["failed"].gate.offers == 3
     assert drafted["failed"] > drafted["trim"]
     assert read_gate_state(str(tmp_path / "gate.json"))["status"] == "failed"
     assert outputs["trim"] == outputs["off"]
+    assert outputs["floor"] == outputs["off"]
     assert outputs["failed"] == outputs["off"]
 
