@@ -7,7 +7,8 @@ Servers (same spec otherwise: greedy, every core bound, k = 3, the trained EAGLE
     every draft is verified as the table gives it; the estimator scores all of them, so its AUC
     is over untrimmed traffic);
   * trim: the head with `--trim PROFILE` (the newest prompt-lookup tune at this binding: its
-    drafter costs nothing, so its step times are the cost of verifying drafts).
+    drafter costs nothing, so its step times are the cost of verifying drafts), and with
+    ``--min-survival F`` a survival floor (`--trim-min-survival F`).
 
 Jobs: a fixed set of held-out prompts (the built-in `sharegpt` workload, which no head trained
 on) sent at concurrency c, all to completion, temperature 0. The same job on each server in
@@ -18,7 +19,7 @@ draft tokens - accepted. Every output is compared with the off server's for the 
 Writes benchmarks/results/draft-trim-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/draft_trim.py --head DIR [--profile PATH] [--table JSON] [--rounds 3]
        [--loads 1,8,32] [--max-tokens 96] [--enforce-eager] [--history-alpha 0.2]
-       [--servers off,table,trim] [--prompts 1:24]
+       [--servers off,table,trim] [--prompts 1:24] [--min-survival 0.02]
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
                     help="the estimator's history feature (0: the draft distribution alone)")
+    ap.add_argument("--min-survival", type=float, default=0.0,
+                    help="the trim server's survival floor (--trim-min-survival)")
     ap.add_argument("--servers", default="off,table,trim",
                     help="which servers to run (off is always run: outputs are checked "
                          "against it)")
@@ -121,7 +124,7 @@ def main() -> None:
             state_file=str(state_dir / "table.json"), history_alpha=args.history_alpha)),
         "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
             trim_profile=profile, state_file=str(state_dir / "trim.json"),
-            history_alpha=args.history_alpha)),
+            history_alpha=args.history_alpha, min_survival=args.min_survival)),
     }
     names = [n for n in specs if n in wanted]
     made_by = provenance()
