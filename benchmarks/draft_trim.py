@@ -6,12 +6,19 @@ Servers (same spec otherwise: greedy, every core bound, k = 3, the trained EAGLE
   * table: the head at its table, with the draft gate estimating only (`--estimate-acceptance`:
     every draft is verified as the table gives it; the estimator scores all of them, so its AUC
     is over untrimmed traffic);
+  * table-b: a second table server, the same spec started again (``--servers`` names it): an
+    A/A control whose ratio to the table server is the spread between two instances of one
+    configuration, the noise a trim/table ratio has to clear;
   * trim: the head with `--trim PROFILE` (the newest prompt-lookup tune at this binding: its
     drafter costs nothing, so its step times are the cost of verifying drafts), and with
-    ``--min-survival F`` a survival floor (`--trim-min-survival F`).
+    ``--min-survival F`` a survival floor (`--trim-min-survival F`); ``--profile none`` trims
+    by the floor alone;
+  * alt: another head (``--alt-head DIR``, e.g. one with a smaller draft vocabulary) at the
+    same table, estimating only like the table server.
 
 Jobs: a fixed set of held-out prompts (the built-in `sharegpt` workload, which no head trained
-on) sent at concurrency c, all to completion, temperature 0. The same job on each server in
+on; ``--prompt-offset N`` starts at its N-th prompt, e.g. past those a replay picked a floor on)
+sent at concurrency c, all to completion, temperature 0. The same job on each server in
 interleaved order (forward, then backward, per round). Per job: wall time, CPU time of the
 server's processes, output tokens, and vLLM's spec-decode counters; rejected verified drafts =
 draft tokens - accepted. Every output is compared with the off server's for the same prompt.
@@ -19,7 +26,8 @@ draft tokens - accepted. Every output is compared with the off server's for the 
 Writes benchmarks/results/draft-trim-<time>.json and a calibration PNG beside it.
 Usage: python benchmarks/draft_trim.py --head DIR [--profile PATH] [--table JSON] [--rounds 3]
        [--loads 1,8,32] [--max-tokens 96] [--enforce-eager] [--history-alpha 0.2]
-       [--servers off,table,trim] [--prompts 1:24] [--min-survival 0.02]
+       [--servers off,table,table-b,trim] [--prompts 1:24] [--min-survival 0.02]
+       [--prompt-offset 96] [--profile none] [--alt-head DIR]
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from loadwise.vllm.draft_gate import read_gate_state
 from loadwise.vllm.server import ServerProcess
 
 K = 3
+SERVERS = ("off", "table", "table-b", "trim", "alt")
 PROMPTS_PER_LOAD = {1: 6, 8: 24, 32: 64}
 
 
@@ -84,7 +93,9 @@ def job(server: ServerProcess, model: str, prompts: list[str], load: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head", required=True)
-    ap.add_argument("--profile", help="trimming's step times (default: newest ngram tune)")
+    ap.add_argument("--alt-head", help="the alt server's head (--servers ...,alt)")
+    ap.add_argument("--profile", help="trimming's step times (default: newest ngram tune; "
+                    "'none': no cost model, the floor alone trims)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loads", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -98,19 +109,25 @@ def main() -> None:
     ap.add_argument("--servers", default="off,table,trim",
                     help="which servers to run (off is always run: outputs are checked "
                          "against it)")
+    ap.add_argument("--prompt-offset", type=int, default=0,
+                    help="index of the workload prompt the first job starts at")
     ap.add_argument("--prompts", default="",
                     help="prompts per job at a load, e.g. 1:24 (default: 1:6, 8:24, 32:64, "
                          "else 2 per slot)")
     args = ap.parse_args()
     wanted = ["off"] + [n for n in args.servers.split(",") if n and n != "off"]
-    if any(n not in ("table", "trim") for n in wanted[1:]):
-        ap.error(f"--servers {args.servers!r}: choose from off, table, trim")
+    if any(n not in SERVERS for n in wanted[1:]):
+        ap.error(f"--servers {args.servers!r}: choose from {', '.join(SERVERS)}")
     try:
         prompts_per_load = {**PROMPTS_PER_LOAD, **{
             int(a): int(b) for a, b in (x.split(":") for x in args.prompts.split(",") if x)}}
     except ValueError:
         ap.error(f"--prompts {args.prompts!r}: give LOAD:N pairs such as 1:24,8:24")
-    profile = args.profile or str(newest_ngram_profile())
+    profile = None if args.profile == "none" else args.profile or str(newest_ngram_profile())
+    if ("alt" in wanted) != bool(args.alt_head):
+        ap.error("the alt server and --alt-head go together")
+    if profile is None and not args.min_survival and "trim" in wanted:
+        ap.error("--profile none needs --min-survival: the trim server would trim nothing")
     loads = [int(x) for x in args.loads.split(",")]
     state_dir = Path(tempfile.mkdtemp(prefix="draft-trim-"))
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=max(loads),
@@ -120,12 +137,18 @@ def main() -> None:
                                 table=parse_table_arg(args.table, K))
     specs = {
         "off": base,
-        "table": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
-            state_file=str(state_dir / "table.json"), history_alpha=args.history_alpha)),
+        **{n: dataclasses.replace(eagle, draft_gate=DraftGateConfig(
+            state_file=str(state_dir / f"{n}.json"), history_alpha=args.history_alpha))
+           for n in ("table", "table-b")},
         "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
             trim_profile=profile, state_file=str(state_dir / "trim.json"),
             history_alpha=args.history_alpha, min_survival=args.min_survival)),
     }
+    if args.alt_head:
+        specs["alt"] = dataclasses.replace(eagle, draft_model=args.alt_head,
+                                           draft_gate=DraftGateConfig(
+                                               state_file=str(state_dir / "alt.json"),
+                                               history_alpha=args.history_alpha))
     names = [n for n in specs if n in wanted]
     made_by = provenance()
     workload = resolve("sharegpt")
@@ -137,7 +160,7 @@ def main() -> None:
         for n in names:  # one at a time: a start compiles, and two would share the cores
             servers[n] = ServerProcess(specs[n]).start(timeout_s=900)
             print(f"[{time.perf_counter() - t0:5.0f} s] server up: {n}", flush=True)
-        start = 0
+        start = args.prompt_offset
         job_prompts = {}
         for load in loads:
             n_p = prompts_per_load.get(load, 2 * load)
@@ -175,7 +198,9 @@ def main() -> None:
                    "table": eagle.effective_table().to_vllm() if eagle.effective_table() else None,
                    "engine": {"max_num_seqs": base.max_num_seqs,
                               "enforce_eager": args.enforce_eager}},
-        "head": read_meta(args.head), "gate_states": gate_states,
+        "head": read_meta(args.head),
+        "alt_head": read_meta(args.alt_head) if args.alt_head else None,
+        "gate_states": gate_states,
         "jobs": jobs, "summary": summary, "wall_s": round(time.perf_counter() - t0, 1)})
     if table_gate.get("calibration"):
         plot(table_gate["calibration"], path.with_suffix(".png"),
@@ -188,11 +213,12 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
     """Per load: greedy identity of every output against no speculation's, tok/s and worker
     CPU of the table over no speculation round by round, and trimming's rejected and accepted
     drafts against the table's (counts pooled over rounds) with its tok/s and worker CPU over
-    the table's; only for the servers that ran."""
+    the table's, and the A/A control's (table-b over table) tok/s and worker CPU; only for the
+    servers that ran."""
     out: dict[str, Any] = {}
     for load in loads:
         mine = {n: [j for j in jobs if j["server"] == n and j["load"] == load]
-                for n in ("off", "table", "trim")}
+                for n in SERVERS}
 
         def total(n: str, key: str, m: dict[str, list[dict[str, Any]]] = mine) -> int:
             return sum(j[key] for j in m[n])
@@ -209,7 +235,7 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
             return float(j["cpu_s"].get("worker", 0))
 
         identity = {}
-        for n in ("table", "trim"):
+        for n in SERVERS[1:]:
             pairs = [(a, b) for r in range(rounds) for x in mine[n] if x["round"] == r
                      for y in mine["off"] if y["round"] == r
                      for a, b in zip(x["outputs"], y["outputs"])]
@@ -222,6 +248,18 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
             "table_over_off_tok_s_per_round": per_round("table", "off", tok_s),
             "table_over_off_worker_cpu_per_round": per_round("table", "off", worker_cpu_s),
         }
+        for n in ("table-b", "alt"):
+            if mine[n]:
+                row[f"{n}_accepted_per_decode_step"] = accepted_per_step(mine[n])
+        if mine["table"]:
+            row["table_accepted_per_decode_step"] = accepted_per_step(mine["table"])
+        if mine["alt"] and mine["off"]:
+            row["alt_over_off_tok_s_per_round"] = per_round("alt", "off", tok_s)
+            row["alt_over_table_tok_s_per_round"] = per_round("alt", "table", tok_s)
+        if mine["table"] and mine["table-b"]:  # A/A: two instances of one configuration
+            row["table_b_over_table_tok_s_per_round"] = per_round("table-b", "table", tok_s)
+            row["table_b_over_table_worker_cpu_per_round"] = per_round(
+                "table-b", "table", worker_cpu_s)
         if mine["table"] and mine["trim"]:
             rej_table, rej_trim = total("table", "rejected_draft_tokens"), total(
                 "trim", "rejected_draft_tokens")
@@ -237,6 +275,14 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
             })
         out[str(load)] = row
     return out
+
+
+def accepted_per_step(jobs: list[dict[str, Any]]) -> float | None:
+    """Accepted drafts per target decode step, pooled: every step yields one token from the
+    target plus the drafts it accepted, so steps = output tokens - accepted."""
+    acc = sum(j["num_accepted_tokens"] for j in jobs)
+    steps = sum(j["output_tokens"] for j in jobs) - acc
+    return round(acc / steps, 4) if steps > 0 else None
 
 
 if __name__ == "__main__":
