@@ -14,7 +14,9 @@ Servers (same spec otherwise: greedy, every core bound, k = 3, the trained EAGLE
     ``--min-survival F`` a survival floor (`--trim-min-survival F`); ``--profile none`` trims
     by the floor alone;
   * alt: another head (``--alt-head DIR``, e.g. one with a smaller draft vocabulary) at the
-    same table, estimating only like the table server.
+    same table, estimating only like the table server;
+  * ngram: prompt lookup (vLLM's default match lengths) at the same table, for its accepted
+    drafts per decode step and tok/s on the same jobs.
 
 Jobs: a fixed set of held-out prompts (the built-in `sharegpt` workload, which no head trained
 on; ``--prompt-offset N`` starts at its N-th prompt, e.g. past those a replay picked a floor on)
@@ -58,7 +60,7 @@ from loadwise.vllm.draft_gate import read_gate_state
 from loadwise.vllm.server import ServerProcess
 
 K = 3
-SERVERS = ("off", "table", "table-b", "trim", "alt")
+SERVERS = ("off", "table", "table-b", "trim", "alt", "ngram")
 PROMPTS_PER_LOAD = {1: 6, 8: 24, 32: 64}
 
 
@@ -143,6 +145,8 @@ def main() -> None:
         "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
             trim_profile=profile, state_file=str(state_dir / "trim.json"),
             history_alpha=args.history_alpha, min_survival=args.min_survival)),
+        "ngram": dataclasses.replace(base, spec_method="ngram", max_k=K,
+                                     table=parse_table_arg(args.table, K)),
     }
     if args.alt_head:
         specs["alt"] = dataclasses.replace(eagle, draft_model=args.alt_head,
@@ -248,13 +252,13 @@ def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict
             "table_over_off_tok_s_per_round": per_round("table", "off", tok_s),
             "table_over_off_worker_cpu_per_round": per_round("table", "off", worker_cpu_s),
         }
-        for n in ("table-b", "alt"):
+        for n in ("table-b", "alt", "ngram"):
             if mine[n]:
                 row[f"{n}_accepted_per_decode_step"] = accepted_per_step(mine[n])
+                row[f"{n}_over_off_tok_s_per_round"] = per_round(n, "off", tok_s)
         if mine["table"]:
             row["table_accepted_per_decode_step"] = accepted_per_step(mine["table"])
-        if mine["alt"] and mine["off"]:
-            row["alt_over_off_tok_s_per_round"] = per_round("alt", "off", tok_s)
+        if mine["alt"] and mine["table"]:
             row["alt_over_table_tok_s_per_round"] = per_round("alt", "table", tok_s)
         if mine["table"] and mine["table-b"]:  # A/A: two instances of one configuration
             row["table_b_over_table_tok_s_per_round"] = per_round("table-b", "table", tok_s)
