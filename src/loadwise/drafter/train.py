@@ -91,26 +91,38 @@ def collate(examples: Sequence[Example], hidden: Sequence[torch.Tensor],
     return Batch(tokens, hid, mask, starts, torch.tensor(lengths))
 
 
-def step_targets(batch: Batch, step: int, to_draft: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(valid [B, L] bool, draft-vocabulary label [B, L]) for draft step ``step``."""
+def drafted_slots(batch: Batch, step: int) -> torch.Tensor:
+    """[B, L] bool: slots where an engine drafts and draft step ``step`` has a label (token
+    t + 1 is an answer token, token t + step + 1 exists), in the draft vocabulary or not."""
     b, length = batch.tokens.shape
     slots = torch.arange(length)[None, :]
-    label_pos = (slots + step + 1).expand(b, length)
-    in_range = label_pos < batch.lengths[:, None]
-    drafting = slots + 1 >= batch.answer_start[:, None]
+    in_range = (slots + step + 1).expand(b, length) < batch.lengths[:, None]
+    return in_range & (slots + 1 >= batch.answer_start[:, None])
+
+
+def step_targets(batch: Batch, step: int, to_draft: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid [B, L] bool, draft-vocabulary label [B, L]) for draft step ``step``: valid where
+    :func:`drafted_slots` is and the label is in the draft vocabulary."""
+    b, length = batch.tokens.shape
+    label_pos = (torch.arange(length)[None, :] + step + 1).expand(b, length)
     labels = torch.gather(batch.tokens, 1, label_pos.clamp(max=length - 1))
     mapped = to_draft[labels]
-    valid = in_range & drafting & (mapped >= 0)
+    valid = drafted_slots(batch, step) & (mapped >= 0)
     return valid, mapped.clamp(min=0)
 
 
 def batch_loss(head: EagleHead, batch: Batch, num_steps: int, to_draft: torch.Tensor
-               ) -> tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]:
-    """(weighted loss, per step (right, counted), per-slot chain length) for one batch.
+               ) -> tuple[torch.Tensor, list[tuple[int, int, int]], torch.Tensor, torch.Tensor]:
+    """(weighted loss, per step (right, counted in the draft vocabulary, drafted), chain
+    length per slot whose first label is in the draft vocabulary, chain length per drafted
+    slot) for one batch.
 
     The chain length at a slot counts the steps right in a row from step 1: the drafts greedy
-    verification would accept there (slots where step 1 is not valid count 0)."""
+    verification would accept there. A label outside the draft vocabulary can never be
+    drafted, so it ends the chain; over every drafted slot (:func:`drafted_slots`) the mean
+    chain is what an engine's drafting step at those slots accepts, whatever the vocabulary's
+    size."""
     outs = head.unrolled(batch.tokens, batch.hidden, batch.key_mask, num_steps)
     total = torch.zeros(())
     stats: list[tuple[int, int]] = []
@@ -119,18 +131,19 @@ def batch_loss(head: EagleHead, batch: Batch, num_steps: int, to_draft: torch.Te
     chain = torch.zeros(batch.tokens.shape, dtype=torch.long)
     for s, normed in enumerate(outs, start=1):
         valid, labels = step_targets(batch, s, to_draft)
+        drafted = int(drafted_slots(batch, s).sum())
         if not bool(valid.any()):
-            stats.append((0, 0))
+            stats.append((0, 0, drafted))
             alive &= valid
             continue
         logits = head.lm_head(normed[valid])
         total = total + DECAY ** (s - 1) * F.cross_entropy(logits, labels[valid])
         right = torch.zeros_like(valid)
         right[valid] = logits.argmax(-1) == labels[valid]
-        stats.append((int(right.sum()), int(valid.sum())))
+        stats.append((int(right.sum()), int(valid.sum()), drafted))
         alive &= right
         chain += alive.long()
-    return total, stats, chain[first_valid]
+    return total, stats, chain[first_valid], chain[drafted_slots(batch, 1)]
 
 
 @dataclass(slots=True)
@@ -176,7 +189,7 @@ def train_loop(head: EagleHead, examples: Sequence[Example], hidden: Sequence[to
             cur_lr = lr_at(i, total, lr)
             for g in optimizer.param_groups:
                 g["lr"] = cur_lr
-            loss, _, _ = batch_loss(head, collate(examples, hidden, groups[bi]), num_steps,
+            loss, _, _, _ = batch_loss(head, collate(examples, hidden, groups[bi]), num_steps,
                                     to_draft)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -205,21 +218,40 @@ def draft_index(head: EagleHead) -> torch.Tensor:
 def evaluate_head(head: EagleHead, examples: Sequence[Example], hidden: Sequence[torch.Tensor],
                   num_steps: int, batch_tokens: int) -> dict[str, Any]:
     """Held-out, teacher-forced: top-1 accuracy per draft step and the mean chain length
-    (drafts greedy verification would accept per drafting step, of ``num_steps``)."""
+    (drafts greedy verification would accept per drafting step, of ``num_steps``), each two
+    ways: over labels in the draft vocabulary only (``step_accuracy``,
+    ``mean_accepted_per_draft_step``: slots whose first label is in it), and over every label,
+    one outside the vocabulary a miss (``*_every_label``, ``mean_accepted_per_drafted_slot``:
+    what an engine drafting at those slots accepts; the figures to compare heads with
+    vocabularies of other sizes by). ``held_out_vocab_coverage``: the share of step-1 labels in
+    the draft vocabulary."""
     to_draft = draft_index(head)
     right = [0] * num_steps
     counted = [0] * num_steps
+    drafted = [0] * num_steps
     chains: list[torch.Tensor] = []
+    every: list[torch.Tensor] = []
     for idx in make_batches(examples, batch_tokens, seed=0):
-        _, stats, chain = batch_loss(head, collate(examples, hidden, idx), num_steps, to_draft)
-        for s, (r, c) in enumerate(stats):
+        _, stats, chain, chain_every = batch_loss(head, collate(examples, hidden, idx),
+                                                  num_steps, to_draft)
+        for s, (r, c, d) in enumerate(stats):
             right[s] += r
             counted[s] += c
+            drafted[s] += d
         chains.append(chain)
-    chain_all = torch.cat(chains) if chains else torch.zeros(0)
+        every.append(chain_every)
+
+    def mean(parts: list[torch.Tensor]) -> float | None:
+        joined = torch.cat(parts) if parts else torch.zeros(0)
+        return float(joined.float().mean()) if len(joined) else None
+
     return {"step_accuracy": [r / c if c else None for r, c in zip(right, counted)],
             "step_counted": counted,
-            "mean_accepted_per_draft_step": float(chain_all.float().mean()) if len(chain_all)
-            else None,
-            "num_slots": len(chain_all)}
+            "mean_accepted_per_draft_step": mean(chains),
+            "num_slots": sum(len(c) for c in chains),
+            "step_accuracy_every_label": [r / d if d else None for r, d in zip(right, drafted)],
+            "step_drafted": drafted,
+            "mean_accepted_per_drafted_slot": mean(every),
+            "held_out_vocab_coverage": counted[0] / drafted[0] if drafted and drafted[0]
+            else None}
 
