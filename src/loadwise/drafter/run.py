@@ -29,7 +29,7 @@ class DrafterConfig:
     num_examples: int = 480
     max_prompt_chars: int = 800
     max_answer_tokens: int = 256
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = 2048  # the draft LM head's cost against acceptance: docs/drafter.md
     num_steps: int = 3  # draft steps unrolled in training: the k the head is trained for
     # EAGLE-3 auxiliary layers the head reads (residual stream after that many target layers);
     # empty: the target's last hidden state.

@@ -125,7 +125,7 @@ def batch_loss(head: EagleHead, batch: Batch, num_steps: int, to_draft: torch.Te
     size."""
     outs = head.unrolled(batch.tokens, batch.hidden, batch.key_mask, num_steps)
     total = torch.zeros(())
-    stats: list[tuple[int, int]] = []
+    stats: list[tuple[int, int, int]] = []
     first_valid, _ = step_targets(batch, 1, to_draft)
     alive = first_valid.clone()
     chain = torch.zeros(batch.tokens.shape, dtype=torch.long)
