@@ -38,6 +38,8 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
      "confirm_max_rounds (4) needs confirm_rounds >= 1 and at least as many rounds (6)"),
     (["evaluate", "--profile", str(PROFILE), "--prompt-lookup-min", "3"],
      "--prompt-lookup-min 3: the profile was tuned with 2"),
+    (["evaluate", "--profile", str(PROFILE), "--spec-method", "eagle"],
+     "--spec-method eagle: the profile was tuned with ngram"),
     (["status", "--url", "http://127.0.0.1:9"], "cannot read http://127.0.0.1:9/metrics"),
     (["drafter", "train", "--out", "/tmp/h", "--model", "/no/such", "--aux-layers", "2,x"],
      "--aux-layers '2,x': give 'none', 'default' or comma-separated layer ids"),
@@ -129,6 +131,50 @@ def test_evaluate_refuses_a_drafter_the_profile_was_not_tuned_with() -> None:
     with pytest.raises(UsageError, match="--prompt-lookup-max 4: the profile was tuned with "
                                          "vLLM's default"):
         drafter_from_profile(args, {"prompt_lookup": [None, None]})
+
+
+@pytest.mark.parametrize("given", [None, "eagle"])
+def test_evaluate_runs_the_table_on_the_method_and_head_it_was_tuned_with(
+        tmp_path: Path, given: str | None) -> None:
+    import argparse
+
+    from loadwise.cli.common import drafter_from_profile
+
+    head = tmp_path / "head"
+    head.mkdir()
+    args = argparse.Namespace(spec_method=given, draft_model=None, prompt_lookup_min=None,
+                              prompt_lookup_max=None)
+    got = drafter_from_profile(args, {"draft_model": str(head)}, "eagle")
+    assert (got["spec_method"], got["draft_model"]) == ("eagle", str(head))
+
+
+def test_evaluate_refuses_another_method_or_head(tmp_path: Path) -> None:
+    import argparse
+
+    from loadwise.cli.common import UsageError, drafter_from_profile
+
+    tuned, other = tmp_path / "tuned", tmp_path / "other"
+    tuned.mkdir()
+    other.mkdir()
+    meta = {"draft_model": str(tuned)}
+
+    def call(**given: str | None) -> dict[str, str | int | None]:
+        args = argparse.Namespace(**{"spec_method": None, "draft_model": None,
+                                     "prompt_lookup_min": None, "prompt_lookup_max": None,
+                                     **given})
+        return drafter_from_profile(args, meta, "eagle")
+
+    with pytest.raises(UsageError, match="--spec-method ngram: the profile was tuned with eagle"):
+        call(spec_method="ngram")
+    with pytest.raises(UsageError, match=f"--draft-model {other}: the profile was tuned with "):
+        call(draft_model=str(other))
+    # The same head under another spelling of its path is the same head.
+    assert "draft_model" not in call(draft_model=str(tmp_path / "." / "tuned"))
+    tuned.rmdir()
+    with pytest.raises(UsageError, match="draft model .* is not there: pass --draft-model"):
+        call()
+    # Moved: the flag names where it is now, and the engine takes it from the flag.
+    assert "draft_model" not in call(draft_model=str(other))
 
 
 def _profile_at(tmp_path: Path, binding: str | None) -> Path:

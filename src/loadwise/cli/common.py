@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -32,7 +33,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
     binding_help = binding_help or BINDING_HELP.format(default="auto")
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--spec-method", default="ngram", choices=["ngram", "draft", "eagle", "none"],
+    # None when not typed: evaluate takes the profile's method then (drafter_from_profile).
+    g.add_argument("--spec-method", default=None, choices=["ngram", "draft", "eagle", "none"],
                    help="speculative decoding method (default: ngram); draft and eagle take "
                         "--draft-model (eagle: a head from `loadwise drafter train`)")
     g.add_argument("--max-k", type=int, default=4,
@@ -70,7 +72,8 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
 
     opt = {**vars(args), **overrides}
     # Validate what the user typed before the slow parts (model build, engine start).
-    method = None if opt["spec_method"] == "none" else opt["spec_method"]
+    named = opt["spec_method"] or "ngram"
+    method = None if named == "none" else named
     if table_arg and method is None:
         raise UsageError("--table needs speculation: drop --spec-method none")
     table = parse_table_arg(table_arg, opt["max_k"]) if method else None
@@ -93,14 +96,35 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
     )
 
 
-def drafter_from_profile(args: argparse.Namespace,
-                         meta: Mapping[str, Any]) -> dict[str, int | None]:
-    """The prompt-lookup range a table was tuned with, as engine overrides. Prompt lookup's
-    n-gram range changes how often and how well ngram drafts, so a table is evaluated on the
-    range it was tuned with, and a flag that contradicts the profile is refused rather than
-    silently judging the table on another drafter (docs/evaluate.md)."""
+def drafter_from_profile(args: argparse.Namespace, meta: Mapping[str, Any],
+                         tuned_method: str | None = None) -> dict[str, str | int | None]:
+    """The drafter a table was tuned with (speculative method, draft model, prompt-lookup
+    range), as engine overrides. Acceptance and the cost of drafting are the drafter's, so a
+    table is evaluated on the drafter it was tuned with, and a flag that contradicts the
+    profile is refused rather than silently judging the table on another drafter
+    (docs/evaluate.md). ``tuned_method``: the profile's ``spec_method``."""
+    out: dict[str, str | int | None] = {}
+    given_method = getattr(args, "spec_method", None)
+    if tuned_method is not None:
+        if given_method is not None and given_method != tuned_method:
+            raise UsageError(f"--spec-method {given_method}: the profile was tuned with "
+                             f"{tuned_method}; drop the flag to evaluate the table on the "
+                             "drafter it was tuned with")
+        out["spec_method"] = tuned_method
+    tuned_draft = meta.get("draft_model")
+    given_draft = getattr(args, "draft_model", None)
+    if tuned_draft:
+        if given_draft is None:
+            if not Path(tuned_draft).exists():
+                raise UsageError(f"the profile's draft model {tuned_draft} is not there: pass "
+                                 "--draft-model DIR (the same model, moved)")
+            out["draft_model"] = tuned_draft
+        elif (Path(tuned_draft).exists()
+              and Path(given_draft).resolve() != Path(tuned_draft).resolve()):
+            raise UsageError(f"--draft-model {given_draft}: the profile was tuned with "
+                             f"{tuned_draft}; drop the flag to evaluate the table on the "
+                             "drafter it was tuned with")
     tuned = list(meta.get("prompt_lookup") or [None, None])
-    out: dict[str, int | None] = {}
     for i, (flag, attr) in enumerate((("--prompt-lookup-min", "prompt_lookup_min"),
                                       ("--prompt-lookup-max", "prompt_lookup_max"))):
         given = getattr(args, attr)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                        binding=binding_for_profile(args, profile.meta, "evaluate"),
                        model=args.model or profile.model, max_k=profile.max_k,
                        max_num_seqs=profile.max_num_seqs,
-                       **drafter_from_profile(args, profile.meta))
+                       **drafter_from_profile(args, profile.meta, profile.spec_method))
     out_dir = Path(args.out or "loadwise-evaluate")
     stem = f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
     record_path = out_dir / f"{stem}{RECORD_SUFFIX}"
