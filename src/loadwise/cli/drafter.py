@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
                    help="self: the model's greedy answers, generated with vLLM; human: the "
                         "conversations' recorded answers (default self)")
     for name, what in (("num_examples", ("ShareGPT conversations (none of the built-in sharegpt "
-                                        "workload's prompts)")),
+                                        "workload's prompts); a larger count on the same --out "
+                                        "reuses the answers made so far")),
                        ("max_answer_tokens", "answer tokens per example"),
                        ("draft_vocab_size", ("tokens of the head's LM head (the most frequent "
                                             "answer tokens)")),

@@ -90,11 +90,13 @@ def build_examples(source: str, pairs: Sequence[tuple[str, str]], model: str, pa
     when answers remain to be generated."""
     if source not in SOURCES:
         raise DrafterDataError(f"unknown --data {source!r}: choose one of {', '.join(SOURCES)}")
-    done = read_examples(path)
+    # The file may hold more than asked for (a run on more examples): only its prefix is read,
+    # and the file is left whole.
+    done = read_examples(path)[:len(pairs)]
     on_done(len(done))
     todo = list(pairs[len(done):])
     if not todo:
-        return done[:len(pairs)]
+        return done
     engine: Any = None
     if source == "human":
         from transformers import AutoTokenizer

@@ -2,8 +2,10 @@
 
 Every stage resumes: examples and hidden states are cached under ``OUT/work`` and the training
 state is saved every few minutes, so a killed run started again with the same flags continues.
-The cache belongs to one set of data settings (``run.json``); training settings may change
-between runs on it, each with its own saved state.
+The cache belongs to one set of data settings (``run.json``) but not to a number of examples:
+the conversations come in one seeded order, so a run with a larger ``--num-examples`` extends
+the cache and a smaller one reads its prefix. Training settings may change between runs on it,
+each with its own saved state.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ class DrafterConfig:
                     f"{num_layers} layers, so layer ids must be below {num_layers}")
 
     def data_fingerprint(self) -> dict[str, Any]:
-        """What the cached examples and hidden states depend on."""
-        keep = {"model", "data", "num_examples", "max_prompt_chars", "max_answer_tokens", "seed"}
+        """What each cached example and its hidden states depend on. Not ``num_examples``:
+        example i is the same at any count (``sharegpt_pairs`` is a prefix of one seeded
+        order), so the cache is extended or read in part."""
+        keep = {"model", "data", "max_prompt_chars", "max_answer_tokens", "seed"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k in keep}
 
     def fingerprint(self) -> dict[str, Any]:
@@ -204,13 +208,17 @@ def _claim(work: Path, cfg: DrafterConfig) -> None:
     path = work / "run.json"
     if path.is_file():
         try:
-            same = json.loads(path.read_text()) == cfg.data_fingerprint()
-        except ValueError:
+            stored = json.loads(path.read_text())
+            # Directories made before the count left the fingerprint record it.
+            stored.pop("num_examples", None)
+            same = stored == cfg.data_fingerprint()
+        except (ValueError, AttributeError):
             same = False
         if not same:
             raise DrafterDataError(f"{cfg.out_dir} holds examples made with other data settings "
-                                   f"({path}): start it again with the same --data, "
-                                   "--num-examples and --max-answer-tokens, or give another --out")
+                                   f"({path}): start it again with the same --data and "
+                                   "--max-answer-tokens (--num-examples may change), or give "
+                                   "another --out")
         return
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cfg.data_fingerprint(), indent=2))

@@ -5,7 +5,8 @@ position; transformers' ``last_hidden_state`` is that same tensor. With EAGLE-3'
 layers it passes the residual stream after each of them (layer id L: after L decoder layers),
 which is transformers' ``hidden_states[L]``; they are kept side by side. Computed once per
 example, kept in float16 (the head normalizes them first), saved in shards so an interrupted
-run resumes.
+run resumes; a shard that holds the first examples of its chunk (a run on fewer examples) is
+completed rather than recomputed.
 """
 
 from __future__ import annotations
@@ -47,17 +48,9 @@ def hidden_states(lm: Any, examples: Sequence[Example], shard_dir: Path,
     for start in range(0, len(examples), SHARD_EXAMPLES):
         chunk = examples[start:start + SHARD_EXAMPLES]
         path = shard_dir / f"{start // SHARD_EXAMPLES:05d}.pt"
-        states: list[torch.Tensor] | None = None
-        if path.is_file():
-            try:
-                loaded = torch.load(path, weights_only=True)
-                if [len(s) for s in loaded] == [len(e.token_ids) for e in chunk]:
-                    states = loaded
-            except (OSError, RuntimeError, EOFError):
-                states = None
-        if states is None:
-            states = []
-            for ex in chunk:
+        states = _cached_prefix(path, chunk)
+        if len(states) < len(chunk):
+            for ex in chunk[len(states):]:
                 ids = torch.tensor([ex.token_ids])
                 if aux_layers:
                     every = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
@@ -71,3 +64,21 @@ def hidden_states(lm: Any, examples: Sequence[Example], shard_dir: Path,
         out += states
         on_done(len(chunk))
     return out
+
+
+def _cached_prefix(path: Path, chunk: Sequence[Example]) -> list[torch.Tensor]:
+    """The states a shard holds for the leading examples of ``chunk``: those whose lengths
+    match, up to the first that does not (an unreadable shard holds none). A shard may hold
+    more than ``chunk`` when a run on more examples wrote it."""
+    if not path.is_file():
+        return []
+    try:
+        loaded = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError):
+        return []
+    states: list[torch.Tensor] = []
+    for s, ex in zip(loaded, chunk, strict=False):
+        if len(s) != len(ex.token_ids):
+            break
+        states.append(s)
+    return states
