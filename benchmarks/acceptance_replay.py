@@ -49,6 +49,7 @@ from torch.nn import functional as F
 
 from loadwise.drafter.data import Example, generated_examples
 from loadwise.drafter.head import load_head
+from loadwise.drafter.run import read_meta
 from loadwise.drafter.target import hidden_states, load_target
 from loadwise.drafter.train import collate, draft_index
 from loadwise.measure.profile import Profile, ProfileError
@@ -489,6 +490,9 @@ def main() -> None:
         **made_by, "binding": BINDING.to_json(), "config": {**vars(args), "max_k": MAX_K, "batch_sizes": BATCH_SIZES,
                               "workload": "sharegpt (held out)",
                               "verification_profile": str(profile_path)},
+        # Each head's own record: training data, held-out figures, stage times.
+        "head_meta": read_meta(args.head) if args.head else None,
+        "compare_head_meta": read_meta(args.compare_head) if args.compare_head else None,
         "accepted_per_drafting_step": heads, "estimator": estimator,
         "estimator_draft_only": draft_only, "estimator_one_step_refits": one_step,
         "feature_ceiling": ceiling, "trimming": trimming, "floor_frontier": floors,
