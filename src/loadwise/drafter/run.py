@@ -28,7 +28,8 @@ class DrafterConfig:
     model: str
     out_dir: str
     data: str = "self"  # self: the model's greedy answers; human: the recorded answers
-    num_examples: int = 480
+    # At equal training time more conversations beat more epochs (docs/drafter.md).
+    num_examples: int = 1920
     max_prompt_chars: int = 800
     max_answer_tokens: int = 256
     draft_vocab_size: int = 2048  # the draft LM head's cost against acceptance: docs/drafter.md
@@ -36,7 +37,7 @@ class DrafterConfig:
     # EAGLE-3 auxiliary layers the head reads (residual stream after that many target layers);
     # empty: the target's last hidden state.
     aux_layers: tuple[int, ...] = ()
-    epochs: int = 8
+    epochs: int = 4
     lr: float = 1e-3
     batch_tokens: int = 1024
     held_out: int = 32  # examples kept out of training to measure the head
