@@ -100,9 +100,6 @@ def test_on_extents_a_restart_loads_the_prefix_and_a_corrupt_extent_is_recompute
     try:
         tokens, cached = _generate(second, prompt)
         assert tokens == reference and cached >= 128 * num_prompt_blocks
-        loaded = read_stats(store)["worker"]
-        assert loaded["blocks_loaded"] >= num_prompt_blocks and loaded["load_errors"] == 0
-        assert loaded["store"]["num_blocks"] >= num_prompt_blocks
         for path in extents:  # every stored block's bytes no longer match its checksum
             path.write_bytes(bytes(path.stat().st_size))
         second.llm.reset_prefix_cache()  # type: ignore[attr-defined]
@@ -110,7 +107,9 @@ def test_on_extents_a_restart_loads_the_prefix_and_a_corrupt_extent_is_recompute
     finally:
         second.shutdown()  # type: ignore[attr-defined]
     assert tokens == reference
-    assert read_stats(store)["worker"]["load_errors"] >= 2
+    # Counters are read after shutdown: mid-run, the stats file may be seconds old.
+    worker = read_stats(store)["worker"]
+    assert worker["blocks_loaded"] >= num_prompt_blocks and worker["load_errors"] >= 2
 
 
 def test_a_prefix_split_between_vllms_cache_and_the_store_loads_each_block_into_its_own_slot(
@@ -136,13 +135,14 @@ def test_a_prefix_split_between_vllms_cache_and_the_store_loads_each_block_into_
         reference, _ = run(ids)
         engine.llm.reset_prefix_cache()  # type: ignore[attr-defined]
         run(ids[:2 * bs + 10])  # vLLM caches 2 blocks again, loaded from the store
-        loaded_before = read_stats(store)["worker"]["blocks_loaded"]
         tokens, cached = run(ids)  # 2 blocks from vLLM's cache, 3 from the store
     finally:
         engine.shutdown()  # type: ignore[attr-defined]
     assert cached == 5 * bs
+    # The stats file is rewritten at most every few seconds and at shutdown, so only the
+    # final count is read: 2 blocks for the short prompt, then 3 for the long one.
     worker = read_stats(store)["worker"]
-    assert worker["blocks_loaded"] - loaded_before == 3 and worker["load_errors"] == 0
+    assert worker["blocks_loaded"] == 2 + 3 and worker["load_errors"] == 0
     assert tokens == reference
 
 
