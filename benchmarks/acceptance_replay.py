@@ -47,6 +47,8 @@ import torch
 from results_io import write_result
 from torch.nn import functional as F
 
+from loadwise.config.binding import ALL, CpuBinding
+from loadwise.config.engine import EngineSpec
 from loadwise.drafter.data import Example, generated_examples
 from loadwise.drafter.head import load_head
 from loadwise.drafter.run import read_meta
@@ -64,8 +66,6 @@ from loadwise.policy.acceptance import (
 )
 from loadwise.policy.trim import trim
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import ALL, CpuBinding
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import LocalEngine
 
 MAX_K = 3

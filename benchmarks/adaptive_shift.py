@@ -29,6 +29,7 @@ from typing import Any
 
 from settle import settle_within
 
+from loadwise.config.engine import EngineSpec
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import Workload, builtin
@@ -37,7 +38,6 @@ from loadwise.policy.choice import choose
 from loadwise.policy.goodput import goodput
 from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import ClosedLoop, LocalEngine
 from loadwise.vllm.plugin import AdaptiveObserver
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.engine import EngineSpec
 from loadwise.evaluate import EvalConfig
 from loadwise.evaluate.measure import measure_window, settle_window_tokens
 from loadwise.evaluate.windows import step_time_ratio
@@ -36,7 +37,6 @@ from loadwise.measure.profile import Profile
 from loadwise.measure.workloads import builtin
 from loadwise.policy.table import DraftLengthTable
 from loadwise.provenance import provenance
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import LocalEngine
 
 ORDER_A = ["k0", "T", "P", "F", "k0", "F", "P", "T"]

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.binding import allowed_cpus, candidates
+from loadwise.config.engine import EngineSpec
 from loadwise.cpu_binding import SweepConfig, measure_bindings
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import allowed_cpus, candidates
-from loadwise.vllm.config import EngineSpec
 
 OUT = Path("benchmarks/results")
 

@@ -36,7 +36,7 @@ import httpx
 from results_io import write_result
 from serve_cli import start_serve, stop_serve, wait_healthy
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.kvstore.stats import read_stats
 from loadwise.measure.prom import parse_samples
 from loadwise.measure.workloads import sharegpt_chats, sharegpt_histories
 from loadwise.provenance import provenance

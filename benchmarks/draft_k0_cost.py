@@ -34,9 +34,9 @@ STEPS = 8
 
 
 def _off() -> dict[str, object]:
+    from loadwise.config.engine import EngineSpec
     from loadwise.measure.workloads import timing_prompts
     from loadwise.model import prepare
-    from loadwise.vllm.config import EngineSpec
     from loadwise.vllm.local import LocalEngine
 
     engine = LocalEngine(EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=32,
@@ -61,10 +61,10 @@ def _off() -> dict[str, object]:
 
 
 def _draft() -> dict[str, object]:
+    from loadwise.config.engine import EngineSpec
     from loadwise.measure.workloads import timing_prompts
     from loadwise.model import prepare
     from loadwise.tune import TuneConfig, measure_step_times
-    from loadwise.vllm.config import EngineSpec
     from loadwise.vllm.local import LocalEngine
 
     model = str(prepare().path)

@@ -48,6 +48,8 @@ import requests
 from acceptance_replay import newest_ngram_profile, plot
 from results_io import write_result
 
+from loadwise.config.binding import ALL, CpuBinding
+from loadwise.config.engine import DraftGateConfig, EngineSpec, parse_table_arg
 from loadwise.drafter.run import read_meta
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.measure.serving import cpu_by_role, read_counters
@@ -55,8 +57,6 @@ from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import ALL, CpuBinding
-from loadwise.vllm.config import DraftGateConfig, EngineSpec, parse_table_arg
 from loadwise.vllm.draft_gate import read_gate_state
 from loadwise.vllm.server import ServerProcess
 

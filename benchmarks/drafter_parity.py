@@ -23,13 +23,13 @@ import torch
 from acceptance_replay import BINDING, MAX_K, drafting_steps
 from results_io import write_result
 
+from loadwise.config.engine import EngineSpec
 from loadwise.drafter.data import Example, generated_examples
 from loadwise.drafter.head import load_head
 from loadwise.drafter.target import hidden_states, load_target
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.local import LocalEngine
 
 

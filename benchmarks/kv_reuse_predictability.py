@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from loadwise.kv.trace import BLOCK_TOKENS, read_trace
+from loadwise.kvsim.trace import BLOCK_TOKENS, read_trace
 from loadwise.provenance import provenance
 
 FEATURES = ("index", "from_end", "prompt", "parent_refs", "turn", "gap")

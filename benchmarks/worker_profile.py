@@ -28,13 +28,13 @@ from typing import Any
 
 from results_io import write_result
 
+from loadwise.config.binding import ALL, CpuBinding
+from loadwise.config.engine import EngineSpec
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.measure.serving import ClosedLoopClients, group_pids, read_counters
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.vllm.binding import ALL, CpuBinding
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.server import ServerProcess
 
 K = 3

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.config.platform import on_cpu
 from loadwise.errors import LoadwiseError
 from loadwise.measure.serving import measure_load_window, thread_affinity
 from loadwise.measure.workloads import Workload
 from loadwise.policy.binding import BindingDecision, choose_binding
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec, on_cpu
 
 Advance = Callable[[str], None]
 ROLES = ("api_server", "engine_core", "worker")  # the server processes CPU time is kept for

@@ -9,8 +9,8 @@ import requests
 from rich.console import Console
 from rich.table import Table
 
+from loadwise.config.engine import EngineSpec
 from loadwise.measure.prom import fetch_metrics, spec_counters
-from loadwise.vllm.config import EngineSpec
 from loadwise.vllm.server import ServerProcess
 
 REPETITIVE = (

@@ -10,3 +10,7 @@ class LoadwiseError(Exception):
 
 class ConfigError(LoadwiseError, ValueError):
     """A configuration value out of range (a ValueError too, for callers that catch those)."""
+
+
+class EngineConfigError(LoadwiseError, ValueError):
+    """An engine setting (or a combination of them) that cannot start an engine."""

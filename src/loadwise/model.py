@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.config import env as envvars
 from loadwise.errors import LoadwiseError
 from loadwise.provenance import package_version
 
@@ -48,7 +49,7 @@ class ModelPrepareError(LoadwiseError, RuntimeError):
 
 
 def loadwise_home() -> Path:
-    env = os.environ.get("LOADWISE_HOME")
+    env = envvars.HOME.raw()
     if env:
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -9,11 +9,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadwise.config.engine import speculative_config
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.policy.choice import best_table, goodput_grid, tie_band
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm.config import speculative_config
 
 
 def workload_report(profile: Profile, workload: str) -> dict[str, Any]:

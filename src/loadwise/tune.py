@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loadwise.config.engine import EngineSpec
+from loadwise.config.platform import on_cpu
 from loadwise.errors import LoadwiseError
 from loadwise.measure.profile import Profile
 from loadwise.measure.records import StepRecord
@@ -22,7 +24,6 @@ from loadwise.measure.stats import AcceptanceCounter, prefill_s_per_token, summa
 from loadwise.measure.workloads import Workload, timing_prompts
 from loadwise.policy.goodput import StepTimes
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm.config import EngineSpec, on_cpu
 
 Advance = Callable[[str], None]
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
 from loadwise.model import prepare
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec
 
 MAX_K = 4
 # Test engines run at the binding the project recommends on these machines: every core

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from loadwise.config.binding import CpuBinding, allowed_cpus, parse_cores
+from loadwise.config.engine import EngineSpec
 from loadwise.cpu_binding import SweepConfig, measure_bindings
 from loadwise.measure.workloads import Workload
-from loadwise.vllm.binding import CpuBinding, allowed_cpus, parse_cores
-from loadwise.vllm.config import EngineSpec
 
 CPUS = set(allowed_cpus())
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs at least two CPUs")

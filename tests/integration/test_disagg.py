@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.kvstore.stats import read_stats
 from loadwise.measure.prom import parse_samples
 from loadwise.measure.workloads import builtin
 from loadwise.policy.table import DraftLengthTable

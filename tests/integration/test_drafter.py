@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from loadwise.config import env as envvars
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import DraftGateConfig, EngineSpec
 from loadwise.drafter.head import META_FILE
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import builtin
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import DraftGateConfig, EngineSpec
-from loadwise.vllm.draft_gate import ENV_GATE_FAIL_AFTER, read_gate_state
+from loadwise.vllm.draft_gate import read_gate_state
 
 from .conftest import CPU_BINDING
 
@@ -79,7 +80,7 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
                                    ("floor", dataclasses.replace(eagle, draft_gate=floor), None),
                                    ("failed", dataclasses.replace(eagle, draft_gate=gate), 3)):
         if fail_after is not None:
-            monkeypatch.setenv(ENV_GATE_FAIL_AFTER, str(fail_after))
+            monkeypatch.setenv(envvars.GATE_FAIL_AFTER_OFFERS.name, str(fail_after))
         engine = LocalEngine(spec)
         try:
             n0 = engine.num_records()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import requests
 
-from loadwise.invariance import CheckConfig, check_chats, run_check
-from loadwise.vllm.binding import allowed_cpus
-from loadwise.vllm.invariant_attn import ENV_FORCE_KERNEL
+from loadwise.config import env as envvars
+from loadwise.config.binding import allowed_cpus
+from loadwise.invariance.checker import CheckConfig, check_chats, run_check
 
 from .test_serve import _start_serve, _stop
 
@@ -68,7 +68,7 @@ def test_serve_batch_invariant_answers_alike_alone_and_together(tmp_path: Path,
 def test_self_test_refuses_a_non_invariant_kernel(model_dir: str) -> None:
     import os
 
-    env = dict(os.environ, **{ENV_FORCE_KERNEL: "stock"})
+    env = dict(os.environ, **{envvars.BATCH_INVARIANT_FORCE_KERNEL.name: "stock"})
     run = subprocess.run(
         [sys.executable, "-m", "loadwise.cli", "serve", "--batch-invariant", "--enforce-eager",
          "--spec-method", "none", "--cpu-binding", "all", "--kv-cache-gib", "1",

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadwise.kv.connector_stats import read_stats
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec, KvStoreConfig
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KvStoreConfig
+from loadwise.kvstore.stats import read_stats
 
 from .conftest import CPU_BINDING
 
@@ -214,6 +215,6 @@ def test_a_store_written_at_another_block_size_is_a_miss_never_wrong_kv(
     scheduler, worker = read_stats(store)["scheduler"], read_stats(store)["worker"]
     assert scheduler["hit_blocks"] == 0 and worker["load_errors"] == 0
     # Both engines' blocks now sit side by side, told apart by their fingerprints.
-    from loadwise.kv.store_status import store_status
+    from loadwise.kvstore.status import store_status
 
     assert len(store_status(store).by_fingerprint) == 2

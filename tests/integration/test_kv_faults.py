@@ -13,10 +13,11 @@ from pathlib import Path
 
 import requests
 
-from loadwise.kv.connector_stats import read_stats
+from loadwise.config.binding import CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KvStoreConfig
+from loadwise.kvstore.stats import read_stats
 from loadwise.measure.prom import fetch_metrics, totals
-from loadwise.vllm.binding import CpuBinding
-from loadwise.vllm.config import EngineSpec, KvStoreConfig
 from loadwise.vllm.server import ServerProcess
 
 from .conftest import CPU_BINDING

@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.cpu_binding import BindingSweep, BindingWindow, ServerFacts, SweepConfig
-from loadwise.policy.binding import choose_binding, compare_load
-from loadwise.vllm.binding import (
+from loadwise.config.binding import (
     BIND_ENV,
     NUMBA_THREADS_ENV,
     RESERVED_ENV,
@@ -24,7 +22,9 @@ from loadwise.vllm.binding import (
     format_cores,
     parse_cores,
 )
-from loadwise.vllm.config import EngineSpec
+from loadwise.config.engine import EngineSpec
+from loadwise.cpu_binding import BindingSweep, BindingWindow, ServerFacts, SweepConfig
+from loadwise.policy.binding import choose_binding, compare_load
 
 
 def test_parse_cores_ranges_and_lists() -> None:

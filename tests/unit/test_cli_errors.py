@@ -182,7 +182,7 @@ def _profile_at(tmp_path: Path, binding: str | None) -> Path:
     loadwise applied bindings)."""
     import json
 
-    from loadwise.vllm.binding import CpuBinding
+    from loadwise.config.binding import CpuBinding
 
     raw = json.loads(PROFILE.read_text())
     raw["meta"].pop("cpu_binding", None)
@@ -206,8 +206,8 @@ def test_binding_defaults_come_from_the_profile(tmp_path: Path) -> None:
     import argparse
 
     from loadwise.cli.common import binding_for_profile
+    from loadwise.config.binding import CpuBinding
     from loadwise.measure.profile import Profile
-    from loadwise.vllm.binding import CpuBinding
 
     meta = Profile.load(_profile_at(tmp_path, "0-1")).meta
     args = argparse.Namespace(cpu_binding=None)

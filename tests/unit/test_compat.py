@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadwise.config import env as envvars
 from loadwise.vllm import compat
 
 
@@ -12,14 +13,14 @@ from loadwise.vllm import compat
     ("1.32.0", False), ("dev", False),
 ])
 def test_only_the_tested_release_series_pass(version: str, tested: bool, monkeypatch) -> None:
-    monkeypatch.delenv(compat.ALLOW_UNTESTED_ENV, raising=False)
+    monkeypatch.delenv(envvars.ALLOW_UNTESTED_VLLM.name, raising=False)
     assert compat.is_tested(version) is tested
     if tested:
         compat.check_vllm_version(version)
     else:
         with pytest.raises(compat.VllmCompatError, match=f"vLLM {version} is untested"):
             compat.check_vllm_version(version)
-        monkeypatch.setenv(compat.ALLOW_UNTESTED_ENV, "1")
+        monkeypatch.setenv(envvars.ALLOW_UNTESTED_VLLM.name, "1")
         compat.check_vllm_version(version)  # the user asked to try
 
 

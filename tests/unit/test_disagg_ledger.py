@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kv.disagg_ledger import (
+from loadwise.kvstore.handoff.ledger import (
     DecodeLedger,
     EngineLimits,
     PrefillLedger,

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from loadwise.disagg.proxy import DisaggProxy, decode_body, limits_from, prefill_body
-from loadwise.kv.disagg_ledger import EngineLimits
+from loadwise.kvstore.handoff.ledger import EngineLimits
 
 LIMITS = EngineLimits(max_model_len=100, kv_capacity_tokens=1000)
 

@@ -9,10 +9,11 @@ import json
 import pytest
 import torch
 
+from loadwise.config.engine import EngineSpec, eagle_method
 from loadwise.drafter import train as T
 from loadwise.drafter.data import Example, read_examples
 from loadwise.drafter.head import EagleHead, HeadShape, head_config, save_head
-from loadwise.vllm.config import EngineConfigError, EngineSpec, eagle_method
+from loadwise.errors import EngineConfigError
 
 SHAPE = HeadShape(hidden_size=16, intermediate_size=24, num_heads=4, num_kv_heads=2, head_dim=4,
                   rms_eps=1e-5, rope_theta=10000.0, vocab_size=40)

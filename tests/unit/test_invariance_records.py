@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.measure.invariance import (
+from loadwise.invariance.records import (
     Condition,
     InvarianceReport,
     PassResult,

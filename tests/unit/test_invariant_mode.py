@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from loadwise.cli import main
-from loadwise.vllm import invariant_mode
-from loadwise.vllm.config import EngineSpec
+from loadwise.config import env as envvars
+from loadwise.config.engine import EngineSpec
+from loadwise.invariance import mode as invariant_mode
 
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("yes", True),
                                            ("", False), ("0", False), ("off", False)])
 def test_switch(value: str, on: bool) -> None:
-    assert invariant_mode.enabled({invariant_mode.ENV: value}) is on
+    assert invariant_mode.enabled({envvars.BATCH_INVARIANT.name: value}) is on
 
 
 def test_refused_on_gpu_and_next_to_vllms_own_switch() -> None:
@@ -26,8 +27,8 @@ def test_refused_on_gpu_and_next_to_vllms_own_switch() -> None:
 def test_the_engine_gets_the_specs_mode_whatever_the_shell_says(model_stub: object) -> None:
     on = EngineSpec(model=str(model_stub), batch_invariant=True)
     off = EngineSpec(model=str(model_stub))
-    assert on.env({})[invariant_mode.ENV] == "1"
-    assert invariant_mode.ENV not in off.env({invariant_mode.ENV: "1"})
+    assert on.env({})[envvars.BATCH_INVARIANT.name] == "1"
+    assert envvars.BATCH_INVARIANT.name not in off.env({envvars.BATCH_INVARIANT.name: "1"})
 
 
 def test_serve_refuses_next_to_vllms_switch_before_any_engine(

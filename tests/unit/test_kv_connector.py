@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kv import blockfile
-from loadwise.kv.connector_plan import ConnectorPlanner
-from loadwise.kv.connector_stats import ConnectorCounters, StatsFile, read_stats
-from loadwise.kv.filestore import FileBlockStore
-from loadwise.kv.ssd import StoreError
+from loadwise.kvstore import blockfile
+from loadwise.kvstore.filestore import FileBlockStore
+from loadwise.kvstore.plan import ConnectorPlanner
+from loadwise.kvstore.ssd import StoreError
+from loadwise.kvstore.stats import ConnectorCounters, StatsFile, read_stats
 
 BS = 4  # tokens per block
 

@@ -7,9 +7,9 @@ import functools
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from loadwise.kv.connector_stats import PROM_COUNTERS, ConnectorCounters, counter_delta
+from loadwise.kvstore.metrics import FlatKVPromMetrics, FlatKVStats
+from loadwise.kvstore.stats import PROM_COUNTERS, ConnectorCounters, counter_delta
 from loadwise.measure.prom import totals
-from loadwise.vllm.connector_metrics import FlatKVPromMetrics, FlatKVStats
 
 
 class _Config:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kv.connector_plan import ConnectorPlanner, StepPlan
-from loadwise.kv.connector_tiers import Sessions
-from loadwise.kv.lru import LruKeys
-from loadwise.kv.placement import FlatPolicy, TieredPolicy
+from loadwise.kvstore.lru import LruKeys
+from loadwise.kvstore.plan import ConnectorPlanner, StepPlan
+from loadwise.kvstore.tiers import Sessions
+from loadwise.policy.placement import FlatPolicy, TieredPolicy
 
 BS = 4
 
@@ -97,7 +97,7 @@ def test_a_request_extending_a_session_joins_it_and_a_named_one_keeps_its_name()
 
 
 def test_policy_block_counts_stay_the_same_in_tokens_at_other_block_sizes() -> None:
-    from loadwise.kv.placement import create_policy_for_blocks
+    from loadwise.policy.placement import create_policy_for_blocks
 
     flat = create_policy_for_blocks("flat", 128)
     assert isinstance(flat, FlatPolicy)

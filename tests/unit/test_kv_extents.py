@@ -1,4 +1,4 @@
-"""The SSD layout rules (kv/extents.py), and that the real medium and the replay's simulated
+"""The SSD layout rules (kvstore/extents.py), and that the real medium and the replay's simulated
 one make the same decisions because they share them."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadwise.errors import ConfigError
-from loadwise.kv.extents import ExtentLayout
-from loadwise.kv.replay import SimSSD
-from loadwise.kv.ssd import SSDMedium
-from loadwise.kv.ssd_read import Location
+from loadwise.kvsim.replay import SimSSD
+from loadwise.kvstore.extents import ExtentLayout
+from loadwise.kvstore.ssd import SSDMedium
+from loadwise.kvstore.ssd_read import Location
 
 BLOCK = 512
 

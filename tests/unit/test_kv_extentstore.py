@@ -1,4 +1,4 @@
-"""The connector's store on per-session extents (kv/extentstore.py): one writer per engine,
+"""The connector's store on per-session extents (kvstore/extentstore.py): one writer per engine,
 every process reading through the writers' journals."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwise.kv.extentstore import ExtentBlockStore, int_key
-from loadwise.kv.ssd import StoreError
+from loadwise.kvstore.extentstore import ExtentBlockStore, int_key
+from loadwise.kvstore.ssd import StoreError
 
 BLOB = 3000
 

@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kv.hints import SimulatedHints
-from loadwise.kv.placement import (
+from loadwise.kvsim.hints import SimulatedHints
+from loadwise.kvsim.replay import DeviceModel, Replayer, StoreConfig
+from loadwise.kvsim.trace import TraceRequest
+from loadwise.policy.placement import (
     POLICIES,
     BlockInfo,
     FlatPolicy,
@@ -15,8 +17,6 @@ from loadwise.kv.placement import (
     TieredPolicy,
     create_policy,
 )
-from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig
-from loadwise.kv.trace import TraceRequest
 
 
 def info(hint: float | None, pressure: float, index: int = 30, turn: int = 1) -> BlockInfo:

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from loadwise.kv.pull_transport import (
+from loadwise.kvstore.handoff.pull import BlockBytes, PullScheduler
+from loadwise.kvstore.handoff.pull_transport import (
     BlockServer,
     Held,
     PullOrder,
@@ -20,7 +21,6 @@ from loadwise.kv.pull_transport import (
     recv_frame,
     send_frame,
 )
-from loadwise.vllm.kv_pull import BlockBytes, PullScheduler
 
 FP = b"fingerprint"
 NBYTES = 64

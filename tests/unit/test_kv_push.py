@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadwise.kv.pull_transport import BlockServer, PullOrder
-from loadwise.kv.push_transport import PushHub, PushItem, receive_push
-from loadwise.vllm.kv_push import PushSender, PushSteps, PushTracker
+from loadwise.kvstore.handoff.pull_transport import BlockServer, PullOrder
+from loadwise.kvstore.handoff.push import PushSender, PushSteps, PushTracker
+from loadwise.kvstore.handoff.push_transport import PushHub, PushItem, receive_push
 
 FP = b"fingerprint"
 LAYERS = 3

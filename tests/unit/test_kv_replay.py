@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kv.placement import POLICIES, BlockInfo, FlatPolicy, Medium, create_policy
-from loadwise.kv.realio import RealSSDIO
-from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig
-from loadwise.kv.trace import TraceError, TraceRequest, read_trace
+from loadwise.kvsim.realio import RealSSDIO
+from loadwise.kvsim.replay import DeviceModel, Replayer, StoreConfig
+from loadwise.kvsim.trace import TraceError, TraceRequest, read_trace
+from loadwise.policy.placement import POLICIES, BlockInfo, FlatPolicy, Medium, create_policy
 
 FAST = DeviceModel(read_bw_bytes_s=1e12, write_bw_bytes_s=1e12, read_latency_s=0.0)
 
@@ -223,7 +223,7 @@ def test_validation_slice_does_the_same_io_for_real(tmp_path: Path) -> None:
 
 
 def test_call_cost_fit_recovers_latency_and_bandwidth() -> None:
-    from loadwise.kv.realio import fit_call_cost
+    from loadwise.kvsim.realio import fit_call_cost
 
     calls = [(b, 0.002 + b / 4e8) for b in (1 << 20, 4 << 20, 16 << 20, 32 << 20)]
     latency, bw = fit_call_cost(calls)
@@ -234,7 +234,7 @@ def test_call_cost_fit_recovers_latency_and_bandwidth() -> None:
 
 
 def test_pacer_holds_the_slice_to_arrival_times_and_reports_lag() -> None:
-    from loadwise.kv.realio import Pacer
+    from loadwise.kvsim.realio import Pacer
 
     now = [100.0]
     slept: list[float] = []

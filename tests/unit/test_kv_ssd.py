@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kv.ssd import MAGIC_V1, SSDMedium, StoreError
-from loadwise.kv.ssd_read import o_direct_supported, read_buffer
+from loadwise.kvstore.ssd import MAGIC_V1, SSDMedium, StoreError
+from loadwise.kvstore.ssd_read import o_direct_supported, read_buffer
 
 
 def payload(key: int, size: int = 256) -> bytes:
@@ -85,7 +85,7 @@ def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
 
 WRITER = textwrap.dedent("""
     import sys
-    from loadwise.kv.ssd import SSDMedium
+    from loadwise.kvstore.ssd import SSDMedium
     ssd = SSDMedium(sys.argv[1], 1 << 30, 1 << 20)
     key = 0
     while True:
@@ -163,7 +163,7 @@ def test_direct_reads_return_the_same_blocks_and_still_check_checksums(tmp_path:
 
 
 def test_device_benchmark_reads_back_everything_it_wrote(tmp_path: Path) -> None:
-    from loadwise.kv.bench import measure
+    from loadwise.kvsim.bench import measure
 
     m = measure(tmp_path, block_bytes=64 * 1024, total_bytes=4 << 20, blocks_per_session=8)
     assert m.direct_io == o_direct_supported(tmp_path)

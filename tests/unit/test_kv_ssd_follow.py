@@ -1,4 +1,4 @@
-"""A follower of the SSD medium's journal (kv/ssd_follow.py): what another process sees of a
+"""A follower of the SSD medium's journal (kvstore/ssd_follow.py): what another process sees of a
 store one writer keeps, through torn records, evictions, a writer's restart and a store
 created again."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kv.ssd import SSDMedium
-from loadwise.kv.ssd_follow import SSDFollower
+from loadwise.kvstore.ssd import SSDMedium
+from loadwise.kvstore.ssd_follow import SSDFollower
 
 BLOCK = 4096
 

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from loadwise.cli import main
-from loadwise.kv import blockfile
-from loadwise.kv.connector_stats import ConnectorCounters, StatsFile
-from loadwise.kv.filestore import FileBlockStore
-from loadwise.kv.ssd import StoreError
-from loadwise.kv.store_status import store_status
-from loadwise.vllm.config import EngineConfigError, EngineSpec, KvStoreConfig
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KvStoreConfig
+from loadwise.errors import EngineConfigError
+from loadwise.kvstore import blockfile
+from loadwise.kvstore.filestore import FileBlockStore, check_usable
+from loadwise.kvstore.ssd import StoreError
+from loadwise.kvstore.stats import ConnectorCounters, StatsFile
+from loadwise.kvstore.status import store_status
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def test_status_counts_blocks_per_engine_and_crash_leftovers(tmp_path: Path) -> 
 
 
 def test_status_counts_the_extent_medium_per_writer_and_engine(tmp_path: Path) -> None:
-    from loadwise.kv.extentstore import ExtentBlockStore
+    from loadwise.kvstore.extentstore import ExtentBlockStore
 
     fp_a, fp_b = blockfile.fingerprint({"model": "a"}), blockfile.fingerprint({"model": "b"})
     for name, fp, n in (("prefill", fp_a, 2), ("decode", fp_b, 3)):
@@ -104,11 +106,11 @@ def test_header_fingerprint_names_the_engine_or_none() -> None:
 def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
                                                                  tmp_path: Path) -> None:
     kv = KvStoreConfig(str(tmp_path / "store"), 2.0)
-    kv.check_usable()
+    check_usable(kv.store_dir)
     assert (tmp_path / "store" / "blocks").is_dir()
     args = EngineSpec(model=model_dir, spec_method=None, kv_store=kv).server_args("127.0.0.1", 1)
     cfg = json.loads(args[args.index("--kv-transfer-config") + 1])
-    assert cfg["kv_connector_module_path"] == "loadwise.vllm.connector"
+    assert cfg["kv_connector_module_path"] == "loadwise.kvstore.connector"
     assert cfg["kv_load_failure_policy"] == "recompute"
     # A stop lets the engine's processes finish: queued writes and the memory tier reach disk.
     assert int(args[args.index("--shutdown-timeout") + 1]) > 0
@@ -118,7 +120,7 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
                                                 "engine": "", "handoff": "store"}
     (tmp_path / "file").write_text("x")
     with pytest.raises(EngineConfigError, match="not a writable directory"):
-        KvStoreConfig(str(tmp_path / "file" / "store")).check_usable()
+        check_usable(str(tmp_path / "file" / "store"))
     with pytest.raises(EngineConfigError, match="--kv-ssd-gib"):
         KvStoreConfig(str(tmp_path), 0)
     with pytest.raises(EngineConfigError, match="--kv-memory-gib"):

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from loadwise.cli import main
+from loadwise.config import env as envvars
 
 COMMON = """# TYPE loadwise_draft_k gauge
 loadwise_draft_k{start_bs="1",end_bs="32"} 4.0
@@ -73,7 +74,7 @@ def test_status_shows_the_draft_gate_exported_from_its_state_file(
 
     from loadwise.policy.acceptance import AcceptanceEstimator
     from loadwise.policy.gate import DraftGate
-    from loadwise.vllm.draft_gate import ENV_GATE_STATE, EngineGate
+    from loadwise.vllm.draft_gate import EngineGate
     from loadwise.vllm.metrics import LoadwiseStatLogger
 
     gate = DraftGate(AcceptanceEstimator.create(2), lambda b, x: 0.01, explore_every=0)
@@ -82,7 +83,7 @@ def test_status_shows_the_draft_gate_exported_from_its_state_file(
         gate.verified([("r", keep["r"], min(accepted, keep["r"]))])
     state = tmp_path / "gate.json"
     EngineGate(gate, str(state)).write_state(status="on")
-    monkeypatch.setenv(ENV_GATE_STATE, str(state))
+    monkeypatch.setenv(envvars.GATE_STATE_FILE.name, str(state))
     monkeypatch.delenv("LOADWISE_STATE_FILE", raising=False)
     LoadwiseStatLogger(None).refresh()
     url, page = metrics_server

@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from loadwise.config.engine import EngineSpec, parse_table_arg
+from loadwise.config.platform import compile_env
+from loadwise.errors import EngineConfigError
 from loadwise.measure.prom import spec_counters
 from loadwise.measure.workloads import (
     WorkloadError,
@@ -15,7 +18,6 @@ from loadwise.measure.workloads import (
     timing_prompts,
 )
 from loadwise.policy.table import DraftLengthTable, TableError
-from loadwise.vllm.config import EngineConfigError, EngineSpec, compile_env, parse_table_arg
 
 
 def test_prompt_files(tmp_path: Path) -> None:
@@ -106,12 +108,12 @@ def test_cpu_compile_cache_default_never_overrides_the_user(
     # The CPU build gets AOT compilation off (its artifacts cannot be loaded back); the GPU
     # build keeps vLLM's default; a value the user set wins either way.
     assert compile_env(True) == {"VLLM_USE_AOT_COMPILE": "0"} and compile_env(False) == {}
-    monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: True)
+    monkeypatch.setattr("loadwise.config.engine.on_cpu", lambda: True)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     assert EngineSpec(model=str(model_stub)).env()["VLLM_USE_AOT_COMPILE"] == "0"
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     assert EngineSpec(model=str(model_stub)).env()["VLLM_USE_AOT_COMPILE"] == "1"
-    monkeypatch.setattr("loadwise.vllm.config.on_cpu", lambda: False)
+    monkeypatch.setattr("loadwise.config.engine.on_cpu", lambda: False)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
     assert "VLLM_USE_AOT_COMPILE" not in EngineSpec(model=str(model_stub)).env()
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
+from loadwise.config.binding import AUTO, CpuBinding
+from loadwise.config.engine import EngineSpec, parse_table_arg
 from loadwise.errors import LoadwiseError
-from loadwise.vllm.binding import AUTO, CpuBinding
-from loadwise.vllm.config import EngineSpec, parse_table_arg
 
 console = Console(stderr=False)
 err = Console(stderr=True)
@@ -140,7 +140,7 @@ def binding_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
                         what: str) -> CpuBinding:
     """The profile's binding unless --cpu-binding names one; a binding other than the one the
     profile's step times were measured at is refused."""
-    from loadwise.vllm.binding import check_profile_binding, profile_binding
+    from loadwise.config.binding import check_profile_binding, profile_binding
 
     tuned = profile_binding(meta)
     binding = CpuBinding.parse(args.cpu_binding) if args.cpu_binding else (tuned or CpuBinding())

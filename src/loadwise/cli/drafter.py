@@ -112,8 +112,8 @@ def _train(cfg: DrafterConfig, report: Any) -> dict[str, Any]:
     from loadwise.drafter.run import train_drafter
 
     def engine() -> Any:
-        from loadwise.vllm.binding import CpuBinding
-        from loadwise.vllm.config import EngineSpec
+        from loadwise.config.binding import CpuBinding
+        from loadwise.config.engine import EngineSpec
         from loadwise.vllm.local import LocalEngine
 
         report("examples", 0, cfg.num_examples, "starting vLLM for the model's answers")

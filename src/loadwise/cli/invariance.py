@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.cli.common import config_default, console, csv, int_list, progress
-from loadwise.invariance import CheckConfig
+from loadwise.invariance.checker import CheckConfig
 
 ON_OFF = {"on": True, "off": False}
 
@@ -56,8 +56,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from loadwise.invariance import check_chats, run_check
-    from loadwise.measure.invariance import rows
+    from loadwise.invariance.checker import check_chats, run_check
+    from loadwise.invariance.records import rows
     from loadwise.model import prepare
 
     model = args.model or str(prepare().path)

@@ -15,10 +15,10 @@ from rich.table import Table
 
 from loadwise.cli.common import console
 from loadwise.errors import ConfigError
-from loadwise.kv.hints import SimulatedHints
-from loadwise.kv.placement import POLICIES, create_policy
-from loadwise.kv.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
-from loadwise.kv.trace import read_trace
+from loadwise.kvsim.hints import SimulatedHints
+from loadwise.kvsim.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
+from loadwise.kvsim.trace import read_trace
+from loadwise.policy.placement import POLICIES, create_policy
 
 
 def add_parser(sub: Any) -> None:
@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from loadwise.kv.store_status import store_status
+    from loadwise.kvstore.status import store_status
 
     status = store_status(args.store_dir)
     if args.json:
@@ -125,7 +125,7 @@ def _device(args: argparse.Namespace, console: Console) -> tuple[DeviceModel, di
         except (OSError, ValueError, TypeError) as exc:
             raise ConfigError(f"--device {args.device}: not a device model JSON "
                              f"(read_bw_bytes_s, write_bw_bytes_s, read_latency_s): {exc}") from exc
-    from loadwise.kv.bench import measure
+    from loadwise.kvsim.bench import measure
 
     console.print("measuring the real store (write, session reads, sequential file read) …")
     m = measure(args.store_dir, block_bytes=args.block_bytes)
@@ -235,7 +235,7 @@ def _validate(args: argparse.Namespace, requests: list[Any], store: StoreConfig,
     import shutil
     import tempfile
 
-    from loadwise.kv.realio import Pacer, RealSSDIO, fit_call_cost
+    from loadwise.kvsim.realio import Pacer, RealSSDIO, fit_call_cost
 
     # Short extents keep the preallocated space of the slice small; the sim uses the same.
     # Memory is scaled to the slice's own footprint (same fraction), so the tiered policy fills

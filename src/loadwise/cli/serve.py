@@ -20,8 +20,10 @@ from loadwise.cli.common import (
     engine_spec,
     err,
 )
+from loadwise.config import env as envvars
+from loadwise.config.kvstore import KV_MEDIA, KV_SSD_GIB_DEFAULT
+from loadwise.kvstore.filestore import check_usable
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
-from loadwise.vllm.config import KV_MEDIA, KV_SSD_GIB_DEFAULT
 
 
 def add_parser(sub: Any) -> None:
@@ -114,7 +116,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadwise.vllm import invariant_mode
+    from loadwise.invariance import mode as invariant_mode
     from loadwise.vllm.server import ServerProcess
 
     if not args.kv_store and (args.kv_memory_gib or args.kv_policy != "flat"
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--disagg does not take --trim, --trim-min-survival or "
                          "--estimate-acceptance yet")
     if args.adaptive:
-        from loadwise.vllm.plugin import ENV_PROFILE, ENV_STATE, check_profile
+        from loadwise.measure.profile import check_profile
 
         if not args.profile:
             raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
@@ -158,14 +160,14 @@ def run(args: argparse.Namespace) -> int:
         if args.adaptive:
             binding = binding_for_profile(args, profile.meta, "the adaptive engine")
         elif args.cpu_binding is None:
-            from loadwise.vllm.binding import profile_binding
+            from loadwise.config.binding import profile_binding
 
             binding = profile_binding(profile.meta)
     spec = engine_spec(args, args.table, binding=binding)
     if getattr(args, "vllm_args", None):
         spec = replace(spec, server_extra_args=tuple(args.vllm_args))
     if args.batch_invariant or invariant_mode.enabled():
-        from loadwise.vllm.config import on_cpu
+        from loadwise.config.platform import on_cpu
 
         invariant_mode.check_supported(on_cpu())
         spec = replace(spec, batch_invariant=True)
@@ -174,11 +176,11 @@ def run(args: argparse.Namespace) -> int:
     if args.disagg:
         return _run_disagg(args, spec)
     if args.kv_store:
-        from loadwise.vllm.config import KvStoreConfig
+        from loadwise.config.kvstore import KvStoreConfig
 
         kv = KvStoreConfig(args.kv_store, args.kv_ssd_gib, args.kv_memory_gib, args.kv_policy,
                            medium=args.kv_medium)
-        kv.check_usable()
+        check_usable(kv.store_dir)
         spec = replace(spec, kv_store=kv)
         console.print(f"KV store: {Path(args.kv_store).resolve()} ({args.kv_medium} "
                       f"{args.kv_ssd_gib:g} GiB, memory {args.kv_memory_gib:g} GiB, "
@@ -188,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         # Reject a mismatched profile before any engine starts.
         check_profile(profile, args.profile, spec.max_k, spec.model, spec.cpu_binding)
         state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()
-        extra_env = {ENV_PROFILE: str(Path(args.profile).resolve()), ENV_STATE: str(state)}
+        extra_env = {envvars.ADAPTIVE_PROFILE.name: str(Path(args.profile).resolve()),
+                     envvars.ADAPTIVE_STATE_FILE.name: str(state)}
         console.print(f"adaptive tables on: profile {args.profile}, live state in {state}")
     server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose,
                            extra_env=extra_env)
@@ -220,8 +223,8 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
     """The gate's config, its trimming profile checked against this engine before it starts."""
     import tempfile
 
-    from loadwise.vllm.config import DraftGateConfig
-    from loadwise.vllm.plugin import load_checked_profile
+    from loadwise.config.engine import DraftGateConfig
+    from loadwise.measure.profile import load_checked_profile
 
     if args.trim:
         load_checked_profile(args.trim, spec.max_k, spec.model, spec.cpu_binding)
@@ -247,8 +250,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
     import shutil
     import tempfile
 
+    from loadwise.config.kvstore import KvStoreConfig
     from loadwise.disagg.serve import DisaggServer, DisaggSpecs
-    from loadwise.vllm.config import KvStoreConfig
 
     # The proxy's warnings (an engine's errors) reach the operator on stderr.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -262,7 +265,7 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
         gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
     kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff,
                        reuse=not args.no_kv_reuse, medium=args.kv_medium)
-    kv.check_usable()
+    check_usable(kv.store_dir)
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores,
                                   decode_kv_cache_gib=args.decode_kv_cache_gib)
     server = DisaggServer(specs, host=args.host, port=args.port, echo=args.verbose,

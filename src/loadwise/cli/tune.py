@@ -23,7 +23,7 @@ from loadwise.cli.common import (
     nonneg_int,
     progress,
 )
-from loadwise.vllm.binding import AUTO, CpuBinding
+from loadwise.config.binding import AUTO, CpuBinding
 
 
 def add_parser(sub: Any) -> None:
@@ -72,13 +72,13 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadwise.config.binding import allowed_cpus, candidates
+    from loadwise.config.platform import on_cpu
     from loadwise.cpu_binding import SweepConfig, measure_bindings
     from loadwise.measure.workloads import resolve, resolve_many
     from loadwise.provenance import provenance
     from loadwise.report import write_reports
     from loadwise.tune import TuneConfig, run_tune
-    from loadwise.vllm.binding import allowed_cpus, candidates
-    from loadwise.vllm.config import on_cpu
     from loadwise.vllm.local import LocalEngine
 
     cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,

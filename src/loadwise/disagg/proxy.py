@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from loadwise.kv.disagg_ledger import EngineLimits, Rejected, admit
+from loadwise.kvstore.handoff.ledger import EngineLimits, Rejected, admit
 from loadwise.measure.prom import parse_samples
 
 logger = logging.getLogger("loadwise.disagg")

