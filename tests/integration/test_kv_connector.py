@@ -184,7 +184,7 @@ def test_a_failing_plan_recomputes_the_promised_blocks_instead_of_using_them_unf
         def broken(*args: object, **kwargs: object) -> object:
             raise RuntimeError("injected planner failure")
 
-        connector.planner.plan_step = broken
+        connector.scheduler_side.planner.plan_step = broken
         tokens, _ = _generate(engine, prompt)
     finally:
         engine.shutdown()  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from loadwise.config.transfer import TransferParams
 from loadwise.disagg.proxy import DisaggProxy, decode_body, limits_from, prefill_body
 from loadwise.kvstore.handoff.ledger import EngineLimits
 
@@ -24,8 +25,8 @@ class FakeEngine:
     """Tokenizes by words; as prefill answers transfer params (unless told not to), as decode
     streams three chunks. Records every request body by path."""
 
-    params: dict[str, Any] | None = field(default_factory=lambda: {
-        "prompt_token_ids": [1, 2, 3], "loadwise_blocks": 0})
+    params: dict[str, Any] | None = field(default_factory=lambda: TransferParams(
+        prompt_token_ids=(1, 2, 3), stored_blocks=0).to_dict())
     status: int = 200
     break_stream: bool = False  # die after the first chunk
     calls: dict[str, list[Any]] = field(default_factory=dict)

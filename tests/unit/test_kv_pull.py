@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.pull import BlockBytes, PullScheduler
 from loadwise.kvstore.handoff.pull_transport import (
     BlockServer,
@@ -163,8 +164,8 @@ def test_a_prefill_that_is_gone_fails_every_block_without_raising() -> None:
 
 
 # --- the scheduler side ------------------------------------------------------------------------
-REMOTE = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 1,
-          "remote_request_id": "p1", "remote_blocks": 3}
+REMOTE = TransferParams(do_remote_prefill=True, remote_host="127.0.0.1", remote_port=1,
+                        remote_request_id="p1", remote_blocks=3)
 
 
 def test_decode_pulls_the_blocks_beyond_its_own_cache_leaving_a_token_to_compute() -> None:
@@ -172,7 +173,7 @@ def test_decode_pulls_the_blocks_beyond_its_own_cache_leaving_a_token_to_compute
     # 12 prompt tokens, 3 full blocks handed over: the last one is left to compute a token
     assert s.matched("d1", REMOTE, num_tokens=12, num_hashes=3, num_computed_tokens=0) == 8
     assert s.matched("d1", REMOTE, num_tokens=13, num_hashes=3, num_computed_tokens=4) == 8
-    assert s.matched("d1", {}, num_tokens=13, num_hashes=3, num_computed_tokens=0) is None
+    assert s.matched("d1", TransferParams(), num_tokens=13, num_hashes=3, num_computed_tokens=0) is None
     assert s.take() == ([], [])  # asking twice changed nothing
     assert s.allocated("d1", REMOTE, [5, 6, 7, 8], [h(0), h(1), h(2)], 4, 8)
     _, pulls = s.take()
@@ -191,14 +192,15 @@ def test_a_decode_request_that_ends_before_allocation_releases_prefills_hold() -
 
 def test_prefill_holds_its_full_prompt_blocks_unless_aborted() -> None:
     s = PullScheduler(block_size=4, host="127.0.0.1", port=5555)
-    prefill = {"do_remote_decode": True}
+    prefill = TransferParams(do_remote_decode=True)
     keep, out = s.finished("p1", prefill, False, list(range(10)), [3, 4, 5], [h(0), h(1)])
-    assert keep and out == {"do_remote_prefill": True, "remote_host": "127.0.0.1",
-                            "remote_port": 5555, "remote_request_id": "p1", "remote_blocks": 2}
+    assert keep and out is not None and out.to_dict() == {
+        "do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 5555,
+        "remote_request_id": "p1", "remote_blocks": 2}
     assert s.take()[0] == [("p1", Held((3, 4), (h(0), h(1))))]
     assert s.finished("p2", prefill, True, list(range(10)), [3, 4, 5], [h(0), h(1)]) == (
         False, None)
-    assert s.finished("p3", prefill, False, [1, 2], [3], []) == (False, {"remote_blocks": 0})
+    assert s.finished("p3", prefill, False, [1, 2], [3], []) == (False, TransferParams(remote_blocks=0))
     assert s.take() == ([], [])
 
 

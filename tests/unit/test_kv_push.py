@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.pull_transport import BlockServer, PullOrder
 from loadwise.kvstore.handoff.push import PushSender, PushSteps, PushTracker
 from loadwise.kvstore.handoff.push_transport import PushHub, PushItem, receive_push
@@ -148,7 +149,7 @@ def test_decode_that_needs_nothing_completes_the_push_at_once(hub: tuple[PushHub
 
 
 # --- the scheduler side ------------------------------------------------------------------------
-PARAMS = {"do_remote_decode": True, "push_id": "push1"}
+PARAMS = TransferParams(do_remote_decode=True, push_id="push1")
 
 
 def test_cached_blocks_go_whole_and_computed_ones_as_their_step_computes_them() -> None:
@@ -167,9 +168,10 @@ def test_cached_blocks_go_whole_and_computed_ones_as_their_step_computes_them() 
 
 def test_a_prefill_that_never_ran_cancels_its_push_and_others_are_not_tracked() -> None:
     t = PushTracker(block_size=4)
-    t.allocated("plain", {}, [1, 2], [h(0), h(1)], 9, 0)
+    t.allocated("plain", TransferParams(), [1, 2], [h(0), h(1)], 9, 0)
     assert t.step([("plain", [1, 2], True, 9)]).computed == []
-    assert not t.finished("p9", {"do_remote_decode": True, "push_id": "push9"}, aborted=True)
+    assert not t.finished("p9", TransferParams(do_remote_decode=True, push_id="push9"),
+                      aborted=True)
     assert t.step([]).cancels == ["push9"]
 
 

@@ -36,6 +36,7 @@ class KvStoreConfig:
     # them to decode's registered slots as it computes them); ``pull_port``: prefill's port.
     handoff: str = "store"
     pull_port: int | None = None
+    pull_host: str = "127.0.0.1"
     # Keep blocks for later turns (prefix reuse across requests and restarts). Off, nothing is
     # looked up or saved: only with a pull or push handoff, where the store is not the handoff.
     reuse: bool = True
@@ -79,3 +80,21 @@ class KvStoreConfig:
                                               **({} if self.reuse else {"reuse": False}),
                                               **({} if self.pull_port is None else
                                                  {"pull_port": self.pull_port})}}
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any]) -> KvStoreConfig:
+        """Read back what :meth:`transfer_config` wrote (the connector's side, inside vLLM)."""
+        if "store_dir" not in extra:
+            raise EngineConfigError("FlatKVConnector needs kv_connector_extra_config.store_dir")
+        port = extra.get("pull_port")
+        return cls(str(extra["store_dir"]),
+                   capacity_gib=float(extra.get("capacity_gib", KV_SSD_GIB_DEFAULT)),
+                   memory_gib=float(extra.get("memory_gib", 0.0)),
+                   policy=str(extra.get("policy", "flat")),
+                   sync_saves=bool(extra.get("sync_saves", False)),
+                   engine=str(extra.get("engine", "")),
+                   handoff=str(extra.get("handoff", "store")),
+                   pull_port=None if port is None else int(port),
+                   pull_host=str(extra.get("pull_host", "127.0.0.1")),
+                   reuse=bool(extra.get("reuse", True)),
+                   medium=str(extra.get("medium", "files")))

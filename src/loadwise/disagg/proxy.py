@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.ledger import EngineLimits, Rejected, admit
 from loadwise.measure.prom import parse_samples
 
@@ -76,7 +77,7 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in body.items()
            if k not in ("stream", "stream_options", "min_tokens", "max_completion_tokens", "n")}
     out["max_tokens"] = 1
-    out["kv_transfer_params"] = {"do_remote_decode": True}
+    out["kv_transfer_params"] = TransferParams(do_remote_decode=True).to_dict()
     return out
 
 
@@ -86,7 +87,7 @@ def decode_body(body: dict[str, Any], params: Mapping[str, Any], kind: str) -> d
     forwarded token ids, so completions do not carry them."""
     kv = dict(params)
     if kind != "chat":
-        kv.pop("prompt_token_ids", None)
+        kv.pop("prompt_token_ids", None)  # the one key loadwise drops; the rest travel as is
     return {**body, "kv_transfer_params": kv}
 
 
@@ -215,7 +216,8 @@ class DisaggProxy:
         push_id = uuid.uuid4().hex
         host, port = self.push_to or ("", 0)
         prefill = prefill_body(body)
-        prefill["kv_transfer_params"]["push_id"] = push_id
+        prefill["kv_transfer_params"] = TransferParams(do_remote_decode=True,
+                                                       push_id=push_id).to_dict()
         task = asyncio.create_task(self._post_json(self.prefill_url, request.path, prefill))
         self._background.add(task)
 
@@ -227,9 +229,9 @@ class DisaggProxy:
 
         task.add_done_callback(done)
         try:
-            return await self._decode(request, {**body, "kv_transfer_params": {
-                "do_remote_prefill": True, "remote_host": host, "remote_port": port,
-                "push_id": push_id, "remote_request_id": push_id}})
+            params = TransferParams(do_remote_prefill=True, remote_host=host, remote_port=port,
+                                    push_id=push_id, remote_request_id=push_id)
+            return await self._decode(request, {**body, "kv_transfer_params": params.to_dict()})
         except asyncio.CancelledError:
             task.cancel()  # the client left: the prefill is aborted too
             raise
@@ -267,7 +269,8 @@ class DisaggProxy:
     async def _prefill(self, body: dict[str, Any], path: str) -> dict[str, Any] | None:
         data = await self._post_json(self.prefill_url, path, prefill_body(body))
         params = data.get("kv_transfer_params")
-        return params if isinstance(params, dict) and params.get("prompt_token_ids") else None
+        # A prefill's connector always names the prompt's tokens (TransferParams).
+        return params if TransferParams.from_dict(params).prompt_token_ids else None
 
     async def _post_json(self, url: str, path: str, payload: Any) -> dict[str, Any]:
         try:

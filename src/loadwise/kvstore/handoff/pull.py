@@ -26,12 +26,12 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from loadwise.config import env as envvars
+from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.pull_transport import BlockServer, Held, PullOrder, pull
 from loadwise.kvstore.handoff.push_transport import PushHub, receive_push
 
@@ -50,65 +50,66 @@ class PullScheduler:
         self._pulls: list[PullOrder] = []
         self._done: set[str] = set()  # decode requests whose pull was ordered (once each)
 
-    @staticmethod
-    def _remote(params: dict[str, Any]) -> bool:
-        return bool(params.get("do_remote_prefill")) and "remote_port" in params
-
-    def matched(self, request_id: str, params: dict[str, Any], num_tokens: int,
+    def matched(self, request_id: str, params: TransferParams, num_tokens: int,
                 num_hashes: int, num_computed_tokens: int) -> int | None:
         """Tokens to pull beyond vLLM's own prefix hit; None when the request pulls nothing.
         No side effects: vLLM may ask again for a request it could not schedule."""
-        if not self._remote(params) or request_id in self._done:
+        if not params.pulls or request_id in self._done:
             return None
         # A push names no count: prefill sends every full block of the same prompt.
-        usable = min(int(params.get("remote_blocks", num_hashes)),
+        remote = num_hashes if params.remote_blocks is None else params.remote_blocks
+        usable = min(remote,
                      (num_tokens - 1) // self.block_size, num_hashes)
         return max(0, usable * self.block_size - num_computed_tokens)
 
-    def allocated(self, request_id: str, params: dict[str, Any], block_ids: Sequence[int],
+    def allocated(self, request_id: str, params: TransferParams, block_ids: Sequence[int],
                   block_hashes: Sequence[bytes], local_tokens: int,
                   num_external_tokens: int) -> bool:
         """Order the pull into the request's freshly allocated blocks (or, with nothing to
         pull, a release of prefill's hold). False when the request pulls nothing."""
-        if not self._remote(params) or request_id in self._done:
+        if not params.pulls or request_id in self._done:
             return False
         self._done.add(request_id)
         first = local_tokens // self.block_size
         end = (local_tokens + num_external_tokens) // self.block_size
-        self._pulls.append(PullOrder(request_id, str(params["remote_request_id"]),
-                                     str(params["remote_host"]), int(params["remote_port"]),
-                                     first, tuple(block_ids[first:end]),
-                                     tuple(bytes(h) for h in block_hashes[first:end]),
-                                     push="push_id" in params))
+        self._pulls.append(_order(request_id, params, first, tuple(block_ids[first:end]),
+                                  tuple(bytes(h) for h in block_hashes[first:end])))
         return True
 
-    def finished(self, request_id: str, params: dict[str, Any], aborted: bool,
+    def finished(self, request_id: str, params: TransferParams, aborted: bool,
                  prompt_token_ids: Sequence[int], block_ids: Sequence[int],
-                 block_hashes: Sequence[bytes]) -> tuple[bool, dict[str, Any] | None]:
-        """vLLM's ``request_finished``: (keep the blocks for a remote decode, its parameters)."""
-        if self._remote(params) and request_id not in self._done:
+                 block_hashes: Sequence[bytes]) -> tuple[bool, TransferParams | None]:
+        """vLLM's ``request_finished``: (keep the blocks for a remote decode, what the decode
+        needs to pull them)."""
+        if params.pulls and request_id not in self._done:
             # Decode never allocated it (aborted first): prefill's hold is released now,
             # not at lease expiry.
             self._done.add(request_id)
-            self._pulls.append(PullOrder(request_id, str(params["remote_request_id"]),
-                                         str(params["remote_host"]), int(params["remote_port"]),
-                                         0, (), (), push="push_id" in params))
+            self._pulls.append(_order(request_id, params, 0, (), ()))
         self._done.discard(request_id)
-        if not params.get("do_remote_decode") or self.port is None or aborted:
+        if not params.do_remote_decode or self.port is None or aborted:
             return False, None
         n = min(len(prompt_token_ids) // self.block_size, len(block_ids), len(block_hashes))
         if n == 0:  # no full block: decode computes the whole prompt
-            return False, {"remote_blocks": 0}
+            return False, TransferParams(remote_blocks=0)
         self._holds.append((request_id, Held(tuple(block_ids[:n]),
                                              tuple(bytes(h) for h in block_hashes[:n]))))
-        return True, {"do_remote_prefill": True, "remote_host": self.host,
-                      "remote_port": self.port, "remote_request_id": request_id,
-                      "remote_blocks": n}
+        return True, TransferParams(do_remote_prefill=True, remote_host=self.host,
+                                    remote_port=self.port, remote_request_id=request_id,
+                                    remote_blocks=n)
 
     def take(self) -> tuple[list[tuple[str, Held]], list[PullOrder]]:
         holds, pulls = self._holds, self._pulls
         self._holds, self._pulls = [], []
         return holds, pulls
+
+
+def _order(request_id: str, params: TransferParams, first: int, block_ids: tuple[int, ...],
+           block_hashes: tuple[bytes, ...]) -> PullOrder:
+    assert params.remote_port is not None  # params.pulls
+    return PullOrder(request_id, str(params.remote_request_id), str(params.remote_host),
+                     params.remote_port, first, block_ids, block_hashes,
+                     push=params.push_id is not None)
 
 
 # ==== worker side ==============================================================================

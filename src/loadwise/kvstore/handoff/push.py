@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.push_transport import PushHub, PushItem
 
 
@@ -43,11 +43,6 @@ class PushSteps:
     cancels: list[str] = field(default_factory=list)  # pushes whose prefill never ran
 
 
-def push_id_of(params: dict[str, Any]) -> str | None:
-    push_id = params.get("push_id") if params.get("do_remote_decode") else None
-    return None if push_id is None else str(push_id)
-
-
 class PushTracker:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -55,12 +50,12 @@ class PushTracker:
         self._preempted: set[str] = set()  # requests whose push was cancelled
         self._pending = PushSteps()
 
-    def allocated(self, request_id: str, params: dict[str, Any], block_ids: Sequence[int],
+    def allocated(self, request_id: str, params: TransferParams, block_ids: Sequence[int],
                   block_hashes: Sequence[bytes], num_prompt_tokens: int,
                   ready_tokens: int) -> None:
         """vLLM allocated a prefill's blocks; its first ``ready_tokens`` are in them once this
         step's loads are done."""
-        push_id = push_id_of(params)
+        push_id = params.push_id if params.pushes else None
         if push_id is None or request_id in self._reqs or request_id in self._preempted:
             return
         t = self._reqs[request_id] = _Pushing(push_id, block_hashes,
@@ -96,7 +91,7 @@ class PushTracker:
             self._preempted.add(request_id)
             self._pending.cancels.append(t.push_id)
 
-    def finished(self, request_id: str, params: dict[str, Any], aborted: bool) -> bool:
+    def finished(self, request_id: str, params: TransferParams, aborted: bool) -> bool:
         """The prefill ended: whether vLLM must keep its blocks for the push (it was
         allocated, so sends of its blocks may be in flight)."""
         if request_id in self._preempted:
@@ -104,9 +99,9 @@ class PushTracker:
             return False  # its push was cancelled before its blocks were reused
         t = self._reqs.pop(request_id, None)
         if t is None:
-            push_id = push_id_of(params)
-            if push_id is not None:  # never allocated: a registered decode stops waiting
-                self._pending.cancels.append(push_id)
+            if params.pushes:  # never allocated: a registered decode stops waiting
+                assert params.push_id is not None
+                self._pending.cancels.append(params.push_id)
             return False
         self._pending.holds.append((t.push_id, request_id, aborted))
         return True
