@@ -229,6 +229,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
+    made_by = provenance()  # the code that runs, before anything can change the tree
     lo, hi = (float(x) for x in args.transfer_delay_s.split(","))
     faults = {} if args.handoff == "store" else {
         "LOADWISE_PULL_FAULTS": json.dumps({"delay_s": [lo, hi], "drop_ack_p": args.drop_ack_p}),
@@ -323,7 +324,7 @@ def main() -> None:
             first_diffs.append({"prompt": pi, "max_tokens": mt, "first_diff_token": at,
                                 "reference_top2_gap": gap})
     leaked = {n: g for n, g in after.items() if any(v != 0 for v in g.values())}
-    out = {**provenance(), "config": vars(args),
+    out = {**made_by, "config": vars(args),
            "cpu_binding": {"prefill": "0", "decode": "1", "reference": "0-1"},
            "run_s": run_s, "requests": len(plan),
            "actions": dict(Counter(a for _, a, _, _ in plan)),

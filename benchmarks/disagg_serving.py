@@ -202,6 +202,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args()
+    made_by = provenance()  # the code that runs, before anything can change the tree
     rates = [float(x) for x in args.rates.split(",")]
     configs = tuple(args.configs.split(","))
     if configs[0] != "colocated" or not set(configs) <= set(CONFIGS):
@@ -256,7 +257,7 @@ def main() -> None:
         answers[("colocated", rate, rnd)], answers[(config, rate, rnd)], strict=True))
         for rate in rates for rnd in range(args.rounds)} for config in configs[1:]}
     path = write_result(f"disagg-serving-{args.workload}", {
-        **provenance(),
+        **made_by,
         "config": vars(args),
         "cpu_binding": {"colocated": args.cpu_binding,
                         "disagg": "prefill: first half, decode: second half of "

@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--block-bytes", type=int, default=1 << 20)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
+    made_by = provenance()  # the code that runs, before anything can change the tree
     t0 = time.perf_counter()
     requests, bad = read_trace(args.trace)
     raw = json.loads(Path(args.device).read_text())
@@ -158,7 +159,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"kv-flat-bounds-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({
-        **provenance(), "trace": args.trace, "requests": len(requests),
+        **made_by, "trace": args.trace, "requests": len(requests),
         "malformed_lines": len(bad), "unique_blocks": footprint, "device_from": args.device,
         "device": asdict(device), "speedups": speedups, "points": points,
         "wall_s": round(time.perf_counter() - t0, 1)}, indent=1))

@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--prefix-repeats", type=int, default=40, help="copies of the text in the prefix")
     p.add_argument("--cpu-binding", default="all")
     args = p.parse_args()
+    made_by = provenance()  # the code that runs, before anything can change the tree
     from vllm import SamplingParams
 
     store = tempfile.mkdtemp(prefix="kv-hit-")
@@ -74,7 +75,7 @@ def main() -> None:
         print(f"{k:9s} median {v['median_s']:.3f} s, cached {v['cached_tokens_median']:.0f} "
               f"of {prompt_tokens} tokens")
     path = write_result("kv-hit-ttft", {
-        **provenance(), "cpu_binding": spec.cpu_binding.name, "config": vars(args),
+        **made_by, "cpu_binding": spec.cpu_binding.name, "config": vars(args),
         "engine": {"enforce_eager": True, "max_model_len": 4096}, "prompt_tokens": prompt_tokens,
         "samples_s": samples, "cached_tokens": cached, "summary": summary,
         "connector": stats})

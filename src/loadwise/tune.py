@@ -81,9 +81,6 @@ class TuneConfig:
         workload's acceptance."""
         return len(self.batch_sizes) * self.rounds * (max_k + 1) + num_workloads
 
-    def timing_steps(self, max_k: int) -> int:
-        return len(self.batch_sizes) * (self.rounds + 1) * (max_k + 1) * (self.steps_per_point + 1)
-
 
 def _k_order(max_k: int, round_index: int) -> list[int]:
     ks = list(range(max_k + 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -99,7 +100,11 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert conf["rival"] in entry["configs"] and conf["rival"] != f"k={conf['table_k']}"
     assert [len(g["table"]) for g in conf["windows_tok_s"]] == [2, 2]
     assert all(x > 0 for g in conf["windows_tok_s"] for x in g["table"] + g["rival"])
-    assert conf["loss_vs_best_fixed"] >= 0
+    # The losses are the recorded windows' (recomputed here), and the reported loss is the
+    # median round's, counted as 0 when the table was the faster (its own k is then the best).
+    losses = [1 - sum(g["table"]) / sum(g["rival"]) for g in conf["windows_tok_s"]]
+    assert conf["round_losses"] == pytest.approx(losses)
+    assert conf["loss_vs_best_fixed"] == pytest.approx(max(0.0, statistics.median(losses)))
     # Sequential: looks after 1 and 2 rounds, each at 1 - 10 % / 2. One round resolves
     # nothing, so it went on to the last look.
     assert conf["looks"] == [1, 2] and conf["confidence_per_look"] == pytest.approx(0.95)
@@ -124,11 +129,6 @@ def test_tiny_evaluate_measures_every_configuration_and_scores_predictions(
     assert 0.2 < entry["retimed"]["speed_ratio"] < 5
     assert set(out["prediction"]) == {"predicted_tok_s", "predicted_retimed_tok_s",
                                       "predicted_relative"}
-    # The study's variants come from the same record (benchmarks/prediction_variants.py).
-    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-    from prediction_variants import VARIANTS, score
-
-    assert set(score(record)) >= set(VARIANTS) - {"predicted_anchored_k0_tok_s"}
 
 @pytest.fixture(scope="module")
 def costly_drafts_profile(tiny_profile: Path, tmp_path_factory) -> Path:

@@ -1,9 +1,6 @@
 """Hypothesis settings: these machines are shared and noisy, so no per-example deadline (a slow
 example is not a failure); the example counts stay as each test sets them."""
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import settings
 
@@ -18,7 +15,3 @@ def model_stub(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     return tmp_path
 
-
-# The benchmark scripts' helpers are tested here too; the scripts run with benchmarks/ on
-# sys.path, and so do these tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

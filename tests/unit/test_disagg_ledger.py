@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadwise.kvstore.handoff.ledger import (
-    DecodeLedger,
     EngineLimits,
     PrefillLedger,
     Rejected,
@@ -57,26 +56,6 @@ def test_an_expired_lease_frees_idle_blocks_and_refuses_new_reads() -> None:
     assert led.ack("r", "t") == () and led.ignored_acks == 1  # late
 
 
-def test_decode_returns_an_aborted_requests_slots_only_after_every_write_landed() -> None:
-    led = DecodeLedger()
-    led.expect("r", (4, 5), {"w0", "w1"})
-    assert led.landed("r", "w0") == ()
-    assert led.abort("r") == ()  # w1 may still land in slots 4-5
-    assert not led.ready("r")
-    assert led.cancel_acked("r", "w1") == (4, 5)
-    assert led.landed("r", "w1") == () and led.ignored_acks == 1  # late, after release
-    assert led.held_slots() == 0
-
-
-def test_decode_starts_when_every_write_landed_and_frees_when_done() -> None:
-    led = DecodeLedger()
-    led.expect("r", (1,), {"w"})
-    assert not led.ready("r") and led.finish("r") == ()  # not before the write landed
-    led.landed("r", "w")
-    assert led.ready("r")
-    assert led.finish("r") == (1,)
-
-
 @st.composite
 def histories(draw: st.DrawFn) -> list[tuple[str, int]]:
     events = ["begin", "ack", "ack_last", "expire"]
@@ -114,32 +93,3 @@ def test_prefill_never_frees_a_block_with_a_read_in_flight_and_leaks_none(
             freed.append(out)
     freed += [b for _, b in led.expire(now + 10)]
     assert freed == [(1, 2)] and led.held_blocks() == 0
-
-
-@given(st.lists(st.tuples(st.sampled_from(["land", "abort", "dup"]), st.integers(0, 2)),
-                max_size=20))
-def test_decode_never_frees_slots_with_a_write_pending_and_leaks_none(
-        history: list[tuple[str, int]]) -> None:
-    led = DecodeLedger()
-    writes = {"w0", "w1", "w2"}
-    led.expect("r", (9,), writes)
-    pending = set(writes)
-    freed: list[tuple[int, ...]] = []
-    for event, i in history:
-        out: tuple[int, ...] = ()
-        if event == "abort":
-            out = led.abort("r")
-        else:
-            out = led.landed("r", f"w{i}")
-            pending.discard(f"w{i}")
-        if out:
-            assert not pending  # (b)
-            freed.append(out)
-    out = led.abort("r")
-    if out:
-        freed.append(out)
-    for w in sorted(pending):
-        out = led.landed("r", w)
-        if out:
-            freed.append(out)
-    assert freed == [(9,)] and led.held_slots() == 0

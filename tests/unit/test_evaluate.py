@@ -6,7 +6,6 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prediction_variants import mix_prediction, window_prefill_price
 
 from loadwise.evaluate.analyze import RetimedLoad, add_relative_prediction, prediction_summary
 from loadwise.evaluate.config import confirm_looks, per_look_confidence
@@ -19,10 +18,9 @@ from loadwise.evaluate.verdict import (
     stop_confirming,
     strongest_rival,
 )
-from loadwise.evaluate.windows import mean_decode_batch, step_time_ratio, window_acceptance
+from loadwise.evaluate.windows import step_time_ratio, window_acceptance
 from loadwise.measure.records import StepRecord
 from loadwise.policy.goodput import Acceptance, ModelError, StepTimes, goodput
-from loadwise.policy.table import DraftLengthTable
 
 TIMES = StepTimes({(b, k): 0.05 + 0.002 * b * (1 + k) for b in (1, 4, 8) for k in range(3)})
 ACC = Acceptance((0.8, 0.5), draft_rate=0.5)
@@ -30,22 +28,6 @@ ACC = Acceptance((0.8, 0.5), draft_rate=0.5)
 
 def rec(b: int, decode: int, prefill_tokens: int = 0) -> StepRecord:
     return StepRecord(0.0, 0.1, b, decode, prefill_tokens, 0, 0, 2, (0, 0), (0, 0))
-
-
-def test_mix_prediction_of_pure_decode_steps_is_the_goodput() -> None:
-    table = DraftLengthTable.fixed(2, 2, 8)
-    assert mix_prediction([rec(4, 4)] * 10, table, TIMES, ACC, 0.001) == pytest.approx(
-        goodput(4, 2, TIMES, ACC))
-    assert mean_decode_batch([rec(4, 4), rec(5, 2, 100)]) == 3.0
-
-
-def test_mix_prediction_prices_prefill_and_uses_the_k_of_each_batch() -> None:
-    table = DraftLengthTable.parse([[1, 4, 2], [5, 8, 0]], 2)
-    steps = [rec(4, 4), rec(8, 7, 300), rec(1, 0, 500)]
-    tokens = 4 * ACC.expected_tokens(2) + 7 * ACC.expected_tokens(0)
-    secs = (TIMES.at(4, ACC.expected_drafts(2)) + TIMES.at(7, 0.0) + 0.001 * 300
-            + TIMES.at(1, 0.0) + 0.001 * 500)
-    assert mix_prediction(steps, table, TIMES, ACC, 0.001) == pytest.approx(tokens / secs)
 
 
 def spec_rec(b: int, step_s: float, drafts_per_req: int, accepted: tuple[int, ...],
@@ -98,16 +80,6 @@ def test_prediction_summary_is_median_abs_error_per_kind() -> None:
     assert s["predicted_retimed_tok_s"]["n"] == 2
     assert s["predicted_retimed_tok_s"]["median_abs_rel_error"] == pytest.approx(0.01)
     assert "predicted_observed_mix_tok_s" not in s
-
-
-def test_window_prefill_price_fits_the_mixed_steps_extra_time() -> None:
-    # Mixed steps cost T(decode part) + 2 ms per prompt token; pure decode steps carry no price.
-    mixed = [StepRecord(0.0, TIMES.at(3, 0.0) + 0.002 * n, 4, 3, n, 0, 0, 2, (0, 0), (0, 0))
-             for n in (50, 120, 300)]
-    price, ratio = window_prefill_price([*mixed, rec(4, 4)], TIMES, output_tokens=235)
-    assert price == pytest.approx(0.002)
-    assert ratio == pytest.approx(470 / 235)
-    assert window_prefill_price([rec(4, 4)], TIMES, output_tokens=0) == (None, None)
 
 
 def test_scaled_times_scale_every_point_and_keep_the_draft_counts() -> None:

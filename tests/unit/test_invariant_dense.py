@@ -1,5 +1,11 @@
-"""The invariant mode's dense-layer wrapper on vLLM's own oneDNN GEMM (no engine): every row
-gets the same bits in every batch size, eager and compiled, and the result is the GEMM's."""
+"""The invariant mode's dense-layer wrapper (no engine): every row gets the same bits in every
+batch size, eager and compiled, and the result is the GEMM's.
+
+Whether vLLM's oneDNN GEMM itself changes a lone row depends on the CPU (a GEMV kernel above
+1024 inputs on AVX512 machines; none seen on AVX2), so the oneDNN tests alone could not fail on
+an AVX2 machine. The wrapper is therefore also tested on a GEMM that changes a lone row on
+every CPU: unwrapped the row check catches it, wrapped it holds. The compiled case runs on oneDNN only
+(a second graph with every guard dropped in one process reuses the first one's shapes)."""
 
 from __future__ import annotations
 
@@ -50,6 +56,25 @@ def test_a_single_row_keeps_its_leading_shape_and_bias() -> None:
     assert one.shape == (1, 1, n)
     assert torch.equal(one.reshape(1, n), batch[3:4])
     torch.testing.assert_close(batch, x @ weight.t() + bias, rtol=1e-4, atol=1e-4)
+
+
+def _lone_row_differs(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    # A GEMM that takes another path for one row, as oneDNN's GEMV does on AVX512: its result
+    # is off by a few ulps there, on any CPU. Each row is its own reduction (no BLAS tiling):
+    # two rows and more agree in every batch.
+    rows = x.reshape(-1, x.shape[-1])
+    out = (rows[:, None, :] * w[None]).sum(-1).reshape(*x.shape[:-1], w.shape[0])
+    out = out + (0 if b is None else b)
+    return out * (1 + 2 ** -20) if x.numel() == x.shape[-1] else out
+
+
+def test_the_wrapper_hides_a_gemm_that_changes_a_lone_row_on_any_cpu() -> None:
+    k, n = 64, 32
+    weight = torch.randn(n, k, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(9))
+    assert row_mismatch(lambda t: _lone_row_differs(t, weight, None), x) is not None
+    wrapped = never_one_row(_lone_row_differs, n)
+    assert row_mismatch(lambda t: wrapped(t, weight, None), x) is None
 
 
 def test_compiled_with_a_dynamic_batch_a_single_row_still_matches_the_batch() -> None:

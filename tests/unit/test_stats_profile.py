@@ -199,7 +199,6 @@ def test_median_rel_se_is_scale_free_and_never_negative(samples: list[float], sc
 
 
 def test_profile_step_times_carry_their_standard_errors() -> None:
-    from pathlib import Path
 
     from loadwise.measure.stats import median_rel_se
 
@@ -208,20 +207,6 @@ def test_profile_step_times_carry_their_standard_errors() -> None:
     times = profile.step_times()
     assert times.rel_se is not None and set(times.rel_se) == set(profile.step_samples_s)
     assert times.rel_se[(16, 3)] == median_rel_se(profile.step_samples_s[(16, 3)]) > 0.03
-
-
-def test_benchmark_results_carry_their_provenance(tmp_path: Path, monkeypatch) -> None:
-    from loadwise.provenance import provenance
-
-    # The benchmark scripts' own helper (they run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "benchmarks"))
-    from results_io import write_result
-
-    made_by = provenance()
-    assert set(made_by) == {"git_sha", "machine", "packages"}
-    path = write_result("bench", {**made_by, "x": 1}, tmp_path / "results")
-    assert path.parent == tmp_path / "results" and path.name.startswith("bench-")
-    assert json.loads(path.read_text()) == {**made_by, "x": 1}
 
 
 @given(st.integers(0, 60), st.integers(-2, 62))

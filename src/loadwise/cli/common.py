@@ -15,6 +15,7 @@ from rich.console import Console
 from loadwise.config.binding import AUTO, CpuBinding
 from loadwise.config.engine import EngineSpec, parse_table_arg
 from loadwise.errors import LoadwiseError
+from loadwise.provenance import describe_machine, dirty_warning
 
 console = Console(stderr=False)
 err = Console(stderr=True)
@@ -26,6 +27,15 @@ BINDING_HELP = ("vllm-cpu: cores for the model threads: auto (vLLM's default, re
 
 class UsageError(LoadwiseError):
     """Options that contradict each other or the profile they name."""
+
+
+def print_provenance(made_by: Mapping[str, Any]) -> None:
+    """The machine a result was measured on, and a warning when the tree was dirty."""
+    console.print(f"measured on {describe_machine(made_by.get('machine', {}))}, "
+                  f"git {made_by.get('git_sha')}")
+    warning = dirty_warning(dict(made_by))
+    if warning:
+        console.print(f"[yellow]{warning}[/]")
 
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,

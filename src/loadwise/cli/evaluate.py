@@ -22,6 +22,7 @@ from loadwise.cli.common import (
     err,
     int_list,
     nonneg_int,
+    print_provenance,
     progress,
 )
 
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     png_path = write_results(results, json_path)
     print_results(results, console)
     console.print(f"results: {json_path}  plot: {png_path}  record: {record_path}")
+    print_provenance(made_by)
     return 0
 
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loadwise.cli.common import config_default, console, csv, int_list, progress
+from loadwise.cli.common import config_default, console, csv, int_list, print_provenance, progress
 from loadwise.invariance.checker import CheckConfig
 
 ON_OFF = {"on": True, "off": False}
@@ -88,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report.to_json(), indent=1))
         console.print(f"report: {args.out}")
+    print_provenance(report.meta)
     invariant = report.totals().get("invariant")
     return 1 if invariant and invariant["differ"] else 0

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loadwise.cli.common import console
+from loadwise.cli.common import console, print_provenance
 from loadwise.errors import ConfigError
 from loadwise.kvsim.hints import SimulatedHints
 from loadwise.kvsim.replay import DeviceModel, Replayer, StoreConfig, unique_blocks
@@ -214,6 +214,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     _plot(payload, stem.with_suffix(".png"))
     console.print(f"results: {stem.with_suffix('.json')}  plot: {stem.with_suffix('.png')}")
+    print_provenance(made_by)
     return 0
 
 

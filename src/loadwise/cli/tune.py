@@ -21,6 +21,7 @@ from loadwise.cli.common import (
     engine_spec,
     int_list,
     nonneg_int,
+    print_provenance,
     progress,
 )
 from loadwise.config.binding import AUTO, CpuBinding
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     write_reports(profile, out_dir, console)
     console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine starts included); report in "
                   f"{out_dir}/ (report.json, profile.json, table-*.json, heatmap-*.png)")
+    print_provenance(made_by)
     last = list(profile.acceptance)[-1]
     console.print("next: serve a workload's table at the binding it was tuned at, e.g.\n"
                   f"  loadwise serve --table {out_dir}/table-{last}.json --profile "

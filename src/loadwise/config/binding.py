@@ -110,11 +110,6 @@ class CpuBinding:
     def name(self) -> str:
         return AUTO if self.cores is None else format_cores(self.cores)
 
-    @property
-    def num_threads(self) -> int | None:
-        """Model threads vLLM runs with this binding (None: ``auto`` decides)."""
-        return None if self.cores is None else len(self.cores)
-
     def env(self) -> dict[str, str | None]:
         """vLLM's variables for this binding; None means the variable must be unset (vLLM's
         own default), so an inherited value cannot silently change the binding. ``auto`` is

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +79,3 @@ def read_trace(path: str | Path, strict: bool = False,
         raise TraceError(f"{p}: no valid requests")
     requests.sort(key=lambda r: r.arrival_s)
     return requests, bad
-
-
-def iter_blocks(req: TraceRequest) -> Iterator[tuple[int, int]]:
-    """(block index, tokens in block) for the prompt's blocks."""
-    for i in range(len(req.hash_ids)):
-        yield i, min(BLOCK_TOKENS, req.input_tokens - i * BLOCK_TOKENS)

@@ -3,7 +3,9 @@ journaled extents (``ExtentBlockStore``) and the worker's memory tier (``MemoryB
 The connector's worker side and the scheduler side's lookups use only this protocol;
 ``tests/unit/test_kv_block_store_contract.py`` runs every implementation through one suite.
 
-What a caller may rely on, for every implementation:
+Keys are content-addressed (a chained block hash under the engine's fingerprint): a key written
+again carries the same bytes, and a store may keep either copy. What a caller may rely on, for
+every implementation:
   * ``read`` returns exactly the bytes a write stored under the key, or None (absent, evicted,
     unreadable: always a miss, never an error);
   * ``contains(key)`` is True only once ``read(key)`` could return the block: a block is never

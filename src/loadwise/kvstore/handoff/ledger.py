@@ -6,7 +6,9 @@ Invariants (the letters are the issue's):
   (a) ``admit`` rejects a request over either engine's context limit or KV capacity before any
       handoff; nothing is held for it anywhere;
   (b) decode returns a request's slots only once every write into them has landed, or has been
-      cancelled and that cancellation acknowledged; an abort does not shorten this;
+      cancelled and that cancellation acknowledged; an abort does not shorten this (kept by
+      ``PullWorker``: a request reaches ``finished_recving`` only once its transfer thread has
+      ended; tests/unit/test_kv_decode_slots.py);
   (c) prefill frees a request's blocks only when no transfer of them is in flight: after the
       last reader's ack, or at lease expiry with nothing in flight;
   (d) ``block_matches``: decode uses a received block only if its hash and request tag are its
@@ -111,68 +113,3 @@ class PrefillLedger:
 
     def held_blocks(self) -> int:
         return sum(len(h.block_ids) for h in self._held.values())
-
-
-@dataclass(slots=True)
-class _Slots:
-    slots: tuple[int, ...]
-    pending: set[str]  # writes into the slots not yet landed or cancel-acknowledged
-    aborted: bool = False
-    complete: bool = False
-
-
-class DecodeLedger:
-    """Decode's slots of requests whose KV is arriving (push: prefill writes into them)."""
-
-    def __init__(self) -> None:
-        self._reqs: dict[str, _Slots] = {}
-        self.ignored_acks = 0
-
-    def expect(self, request_id: str, slots: tuple[int, ...], write_ids: set[str]) -> None:
-        if request_id in self._reqs:
-            raise ValueError(f"request {request_id} already expects writes")
-        self._reqs[request_id] = _Slots(slots, set(write_ids))
-
-    def landed(self, request_id: str, write_id: str) -> tuple[int, ...]:
-        """A write landed (or its cancellation was acknowledged). Returns the slots to free
-        when the request was aborted and this was its last write (b)."""
-        r = self._reqs.get(request_id)
-        if r is None or write_id not in r.pending:
-            self.ignored_acks += 1  # (e)
-            return ()
-        r.pending.discard(write_id)
-        if not r.pending and not r.aborted:
-            r.complete = True
-        return self._release_if_quiet(request_id, r)
-
-    cancel_acked = landed  # a cancelled write acknowledged as cancelled frees like a landed one
-
-    def ready(self, request_id: str) -> bool:
-        """Every write landed and the request was not aborted: decode may start."""
-        r = self._reqs.get(request_id)
-        return r is not None and r.complete
-
-    def abort(self, request_id: str) -> tuple[int, ...]:
-        """The request is aborted; its slots are freed now only if no write is pending."""
-        r = self._reqs.get(request_id)
-        if r is None:
-            return ()
-        r.aborted = True
-        return self._release_if_quiet(request_id, r)
-
-    def finish(self, request_id: str) -> tuple[int, ...]:
-        """Decode finished the request: its slots go back (every write has landed)."""
-        r = self._reqs.get(request_id)
-        if r is None or r.pending:
-            return ()
-        del self._reqs[request_id]
-        return r.slots
-
-    def _release_if_quiet(self, rid: str, r: _Slots) -> tuple[int, ...]:
-        if r.aborted and not r.pending:
-            del self._reqs[rid]
-            return r.slots
-        return ()
-
-    def held_slots(self) -> int:
-        return sum(len(r.slots) for r in self._reqs.values())

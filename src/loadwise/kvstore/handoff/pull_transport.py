@@ -117,10 +117,6 @@ class BlockServer:
             out, self._released = self._released, set()
             return out
 
-    def held_requests(self) -> int:
-        with self._cond:
-            return len(self._held)
-
     def close(self) -> None:
         self._closed = True
         self._sock.close()
