@@ -11,18 +11,18 @@ from pathlib import Path
 import requests
 
 from loadwise.config import env as envvars
-from loadwise.config.binding import allowed_cpus
+from loadwise.config.binding import allowed_cpus, format_cores
 from loadwise.invariance.checker import CheckConfig, check_chats, run_check
 
 from .test_serve import _start_serve, _stop
 
-THREADS = len(allowed_cpus())  # every core, none reserved: where the default mode differs
+ALL = format_cores(allowed_cpus())  # every core, none reserved: where the default mode differs
 
 
 def test_checker_counts_per_condition_and_the_invariant_mode_has_no_difference(
         model_dir: str) -> None:
     cfg = CheckConfig(model=model_dir, num_prompts=8, max_tokens=6, concurrencies=(4,),
-                      threads=(THREADS,), chunked_prefill=(True,))
+                      cpu_bindings=(ALL,), chunked_prefill=(True,))
     report = run_check(cfg, check_chats(cfg.num_prompts))
     conditions = [(p.condition.mode, p.condition.prefix_cache) for p in report.passes]
     assert conditions == [("default", "miss"), ("default", "hit"),

@@ -69,3 +69,20 @@ def test_report_round_trips_and_totals_per_mode() -> None:
     assert back == report
     assert report.totals() == {"default": {"requests": 200, "differ": 43, "token_diffs": 3},
                                "invariant": {"requests": 200, "differ": 0, "token_diffs": 0}}
+
+
+def test_the_checker_takes_bindings_as_every_command_names_them() -> None:
+    from loadwise.config.binding import allowed_cpus, format_cores
+    from loadwise.invariance.checker import CheckConfig, CheckConfigError
+
+    cpus = allowed_cpus()
+    default = CheckConfig(model="m").bindings()
+    assert [b.cores for b in default] == [tuple(cpus[:n]) for n in (1, 2) if n <= len(cpus)]
+    assert CheckConfig(model="m").to_json()["cpu_bindings"] == [b.name for b in default]
+    one = CheckConfig(model="m", cpu_bindings=(format_cores(cpus[:1]),)).bindings()
+    assert [b.cores for b in one] == [tuple(cpus[:1])]
+    with pytest.raises(CheckConfigError, match="name the cores"):
+        CheckConfig(model="m", cpu_bindings=("auto",))
+    if len(cpus) >= 2:
+        with pytest.raises(CheckConfigError, match="one binding per core count"):
+            CheckConfig(model="m", cpu_bindings=(str(cpus[0]), str(cpus[1])))

@@ -135,7 +135,7 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
 
 def test_kv_medium_needs_a_store(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--kv-medium", "extents"]) == 2
-    assert "--kv-medium need --kv-store DIR" in capsys.readouterr().err
+    assert "--kv-medium needs --kv-store DIR (or --disagg)" in capsys.readouterr().err
 
 
 def test_vllm_flags_pass_through_after_loadwise_flags(model_dir: str) -> None:
@@ -170,7 +170,7 @@ def test_a_fractional_kv_cache_goes_through_vllms_flag(model_dir: str,
 
 def test_store_options_without_a_store_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--kv-memory-gib", "1"]) == 2
-    assert "need --kv-store DIR" in capsys.readouterr().err
+    assert "--kv-memory-gib needs --kv-store DIR" in capsys.readouterr().err
 
 
 def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_path(
@@ -203,7 +203,7 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
         "pull_port"] == pull.prefill.kv_store.pull_port
     with pytest.raises(EngineConfigError, match="handoff"):
         replace(kv, handoff="pigeon")
-    with pytest.raises(EngineConfigError, match="reuse off needs --handoff pull"):
+    with pytest.raises(EngineConfigError, match="--no-kv-reuse needs --handoff pull"):
         replace(kv, reuse=False)
     no_reuse = replace(kv, handoff="push", reuse=False).transfer_config()
     assert no_reuse["kv_connector_extra_config"]["reuse"] is False

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from loadwise.config.binding import AUTO, CpuBinding
-from loadwise.config.engine import EngineSpec, parse_table_arg
+from loadwise.config.engine import SPEC_METHODS, EngineSpec, parse_table_arg
 from loadwise.errors import LoadwiseError
 from loadwise.provenance import describe_machine, dirty_warning
 
@@ -44,7 +44,7 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
     # None when not typed: evaluate takes the profile's method then (drafter_from_profile).
-    g.add_argument("--spec-method", default=None, choices=["ngram", "draft", "eagle", "none"],
+    g.add_argument("--spec-method", default=None, choices=[*SPEC_METHODS, "none"],
                    help="speculative decoding method (default: ngram); draft and eagle take "
                         "--draft-model (eagle: a head from `loadwise drafter train`)")
     g.add_argument("--max-k", type=int, default=4,

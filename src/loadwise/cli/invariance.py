@@ -39,16 +39,18 @@ def add_parser(sub: Any) -> None:
                    help=f"output tokens per request (default {d('max_tokens')})")
     p.add_argument("--concurrency", type=int_list, default=d("concurrencies"),
                    help=f"requests in flight (default {csv(d('concurrencies'))})")
-    p.add_argument("--threads", type=int_list, default=d("threads"),
-                   help=f"model threads, one core each, none reserved (default {csv(d('threads'))})")
+    p.add_argument("--cpu-binding", nargs="+", metavar="CORES", default=None,
+                   help="one engine per binding, its model threads on these cores, none "
+                   "reserved: e.g. 0 0-1 (default: the first core, then the first two)")
     p.add_argument("--chunked-prefill", type=on_off_list, default=d("chunked_prefill"),
                    help="on, off or on,off (default on,off)")
     p.add_argument("--chunk-tokens", type=int, default=d("chunk_tokens"),
                    help=f"token budget per step with chunked prefill (default {d('chunk_tokens')})")
     p.add_argument("--modes", type=name_list, default=d("modes"),
                    help="default, invariant or both (default default,invariant)")
-    p.add_argument("--compiled", action="store_true",
-                   help="run engines with torch.compile (default: eager, starts in seconds)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="no torch.compile (the default here: engines start in seconds); "
+                   "--no-enforce-eager checks compiled engines")
     p.add_argument("--out", default=None, help="write the report JSON here")
     p.set_defaults(func=run)
 
@@ -62,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
     model = args.model or str(prepare().path)
     cfg = CheckConfig(model=model, num_prompts=args.prompts, max_tokens=args.max_tokens,
-                      concurrencies=args.concurrency, modes=args.modes, threads=args.threads,
+                      concurrencies=args.concurrency, modes=args.modes,
+                      cpu_bindings=tuple(args.cpu_binding) if args.cpu_binding else None,
                       chunked_prefill=args.chunked_prefill, chunk_tokens=args.chunk_tokens,
-                      enforce_eager=not args.compiled)
+                      enforce_eager=args.enforce_eager)
     chats = check_chats(cfg.num_prompts, cfg.seed)
-    total = (len(cfg.modes) * len(cfg.threads) * len(cfg.chunked_prefill)
+    total = (len(cfg.modes) * len(cfg.bindings()) * len(cfg.chunked_prefill)
              * len(cfg.concurrencies) * 2)
     with progress("engines starting", total) as (advance, prog):
         def on_pass(p: Any) -> None:

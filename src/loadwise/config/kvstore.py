@@ -53,8 +53,8 @@ class KvStoreConfig:
             raise EngineConfigError(f"unknown --handoff {self.handoff!r}: choose one of "
                                     f"{', '.join(HANDOFFS)}")
         if not self.reuse and self.handoff == "store":
-            raise EngineConfigError("turning KV reuse off needs --handoff pull or push: the "
-                                    "store handoff hands KV over through the store")
+            raise EngineConfigError("--no-kv-reuse needs --handoff pull or push: the store "
+                                    "handoff hands KV over through the store")
         if self.medium not in KV_MEDIA:
             raise EngineConfigError(f"unknown --kv-medium {self.medium!r}: choose one of "
                                     f"{', '.join(KV_MEDIA)}")

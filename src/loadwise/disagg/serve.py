@@ -67,6 +67,8 @@ class DisaggSpecs:
         counted by at least one of them and the two together never exceed the capacity.
         ``decode_kv_cache_gib`` sizes decode's vLLM cache apart from prefill's (default:
         ``spec``'s, as prefill's)."""
+        if decode_kv_cache_gib is not None and not decode_kv_cache_gib > 0:
+            raise DisaggError(f"--decode-kv-cache-gib must be > 0, got {decode_kv_cache_gib:g}")
         p_bind, d_bind = split_cores(cores)
         pull = store.handoff != "store"
         half = replace(store, capacity_gib=store.capacity_gib / 2)

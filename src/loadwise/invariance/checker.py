@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from loadwise.config.binding import CpuBinding, allowed_cpus, format_cores
+from loadwise.config.binding import BindingError, CpuBinding, allowed_cpus, format_cores
 from loadwise.config.engine import EngineSpec
 from loadwise.errors import LoadwiseError
 from loadwise.invariance.records import (
@@ -53,7 +53,9 @@ class CheckConfig:
     max_tokens: int = 8
     concurrencies: tuple[int, ...] = (1, 4, 16, 32)
     modes: tuple[str, ...] = MODES
-    threads: tuple[int, ...] = (1, 2)
+    # One engine per binding (``--cpu-binding``, as every other command names it): a core list
+    # each, distinct core counts; None: the first core, then the first two.
+    cpu_bindings: tuple[str, ...] | None = None
     chunked_prefill: tuple[bool, ...] = (True, False)
     # Token budget per step with chunked prefill on: small, so every prompt is cut in chunks.
     chunk_tokens: int = 64
@@ -70,30 +72,49 @@ class CheckConfig:
         unknown = sorted(set(self.modes) - set(MODES))
         if unknown or not self.modes:
             raise CheckConfigError(f"unknown mode(s) {unknown}: choose from {', '.join(MODES)}")
-        cpus = len(allowed_cpus())
-        if not self.threads or min(self.threads) < 1 or max(self.threads) > cpus:
-            raise CheckConfigError(f"threads must be 1..{cpus} (the CPUs this process may use), "
-                                   f"got {self.threads}")
+        counts = [len(b.cores or ()) for b in self.bindings()]
+        if len(set(counts)) != len(counts):
+            raise CheckConfigError(f"--cpu-binding {' '.join(self.cpu_bindings or ())}: give "
+                                   "one binding per core count (records are keyed by threads)")
         if not self.chunked_prefill:
             raise CheckConfigError("give at least one chunked-prefill setting (on, off)")
         if self.chunk_tokens < 16:
             raise CheckConfigError(f"--chunk-tokens must be >= 16, got {self.chunk_tokens}")
 
+    def bindings(self) -> tuple[CpuBinding, ...]:
+        """The engines' bindings; each names its cores (none reserved): the mode's thread
+        count is part of the condition."""
+        cpus = allowed_cpus()
+        names = self.cpu_bindings or tuple(dict.fromkeys(format_cores(cpus[:n]) for n in (1, 2)
+                                                         if n <= len(cpus)))
+        if not names:
+            raise CheckConfigError("give at least one --cpu-binding")
+        out = []
+        for name in names:
+            try:
+                binding = CpuBinding.parse(name, cpus)
+            except BindingError as exc:
+                raise CheckConfigError(str(exc)) from exc
+            if binding.cores is None:
+                raise CheckConfigError("--cpu-binding auto lets vLLM pick the thread count: name "
+                                       "the cores (0, 0-1, all)")
+            out.append(binding)
+        return tuple(out)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "cpu_bindings": [b.name for b in self.bindings()]}
 
 
-def engine_spec(cfg: CheckConfig, mode: str, threads: int, chunked: bool) -> EngineSpec:
-    """The engine of one condition: no speculation, the model threads on the first ``threads``
-    cores (none reserved), chunked prefill at ``chunk_tokens`` or off."""
-    cores = allowed_cpus()[:threads]
+def engine_spec(cfg: CheckConfig, mode: str, binding: CpuBinding, chunked: bool) -> EngineSpec:
+    """The engine of one condition: no speculation, the model threads on ``binding``'s cores
+    (none reserved), chunked prefill at ``chunk_tokens`` or off."""
     extra: dict[str, Any] = (
         {"enable_chunked_prefill": True, "max_num_batched_tokens": cfg.chunk_tokens} if chunked
         else {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.max_model_len})
     return EngineSpec(model=cfg.model, spec_method=None, max_num_seqs=max(cfg.concurrencies),
                       max_model_len=cfg.max_model_len, kv_cache_space_gib=cfg.kv_cache_gib,
                       enforce_eager=cfg.enforce_eager, seed=cfg.seed,
-                      cpu_binding=CpuBinding.parse(format_cores(cores)),
+                      cpu_binding=binding,
                       batch_invariant=mode == "invariant", extra=extra)
 
 
@@ -149,9 +170,10 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
             on_pass(result)
 
     for mode in cfg.modes:
-        for threads in cfg.threads:
+        for binding in cfg.bindings():
+            threads = len(binding.cores or ())
             for chunked in cfg.chunked_prefill:
-                spec = engine_spec(cfg, mode, threads, chunked)
+                spec = engine_spec(cfg, mode, binding, chunked)
                 engine = LocalEngine(spec)
                 try:
                     prompts = [str(engine.tokenizer.apply_chat_template(
@@ -169,8 +191,6 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
                                    wall_s, cached)
                 finally:
                     engine.shutdown()
-    # Each thread count binds that many cores from the first, none reserved (engine_spec).
-    bindings = {str(t): engine_spec(cfg, MODES[0], t, True).cpu_binding.to_json()
-                for t in cfg.threads}
+    bindings = {str(len(b.cores or ())): b.to_json() for b in cfg.bindings()}
     return InvarianceReport(config=cfg.to_json(), passes=tuple(passes),
                             meta={**provenance(), "cpu_binding_by_threads": bindings})
