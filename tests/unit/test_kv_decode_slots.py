@@ -76,15 +76,21 @@ def slow(read: Callable[..., bytes], delay_s: float) -> Callable[..., bytes]:
     return wrapped
 
 
-def test_a_pulled_requests_slots_come_back_only_after_its_last_block_landed(
-        prefill_blocks: BlockBytes) -> None:
-    server = BlockServer("127.0.0.1", 0, FP, slow(prefill_blocks.read, 0.05), lease_s=5.0)
+def start_pull(server: BlockServer) -> tuple[PullWorker, Landings]:
+    """Prefill holds request p1's three blocks; decode starts reading them into slots 10-12."""
     server.hold("p1", Held((3, 4, 5), (h(0), h(1), h(2))))
     decode = PullWorker(BlockBytes(layers()), FP, "127.0.0.1", None)
     landings = Landings(decode)
+    decode.start(PullOrder("d1", "p1", "127.0.0.1", server.port, 0, (10, 11, 12),
+                           (h(0), h(1), h(2))))
+    return decode, landings
+
+
+def test_a_pulled_requests_slots_come_back_only_after_its_last_block_landed(
+        prefill_blocks: BlockBytes) -> None:
+    server = BlockServer("127.0.0.1", 0, FP, slow(prefill_blocks.read, 0.05), lease_s=5.0)
+    decode, landings = start_pull(server)
     try:
-        decode.start(PullOrder("d1", "p1", "127.0.0.1", server.port, 0, (10, 11, 12),
-                               (h(0), h(1), h(2))))
         assert decode.take_finished()[0] == set()  # the reads are under way
         done_at, done, failed = wait_done(decode)
         assert done == {"d1"} and failed == set()
@@ -105,12 +111,8 @@ def test_a_prefill_that_fails_mid_pull_returns_the_slots_after_the_reader_ended(
         return prefill_blocks.read(block_id)
 
     server = BlockServer("127.0.0.1", 0, FP, read, lease_s=5.0, io_timeout_s=2.0)
-    server.hold("p1", Held((3, 4, 5), (h(0), h(1), h(2))))
-    decode = PullWorker(BlockBytes(layers()), FP, "127.0.0.1", None)
-    landings = Landings(decode)
+    decode, landings = start_pull(server)
     try:
-        decode.start(PullOrder("d1", "p1", "127.0.0.1", server.port, 0, (10, 11, 12),
-                               (h(0), h(1), h(2))))
         done_at, done, failed = wait_done(decode)
         assert done == {"d1"}
         assert 11 in failed and failed <= {10, 11, 12}  # recomputed by vLLM

@@ -1,4 +1,8 @@
-"""The `loadwise` command: one module per subcommand, each with its parser and handler."""
+"""The `loadwise` command: one module per subcommand, each with its parser and handler.
+
+Handlers import what they run (torch, vLLM, an engine) inside the handler, not at the top of
+their module: every command builds every parser, and `loadwise serve --help` or a refused
+option should answer in a fraction of a second, not after loading torch and vLLM."""
 
 from __future__ import annotations
 

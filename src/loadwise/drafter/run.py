@@ -106,6 +106,8 @@ def train_drafter(cfg: DrafterConfig, report: Report,
     """Run every stage; returns the head's metadata (also written to OUT/loadwise-drafter.json).
 
     ``engine_factory`` makes the vLLM engine that writes ``self`` answers (a LocalEngine)."""
+    # Imported here, not at the top: torch and transformers take seconds to load, and the CLI
+    # imports this module to validate a run's settings before any of that is needed.
     import torch
 
     from loadwise.drafter import train as T

@@ -29,6 +29,9 @@ from loadwise.invariance.records import (
     Sample,
     compare_pass,
 )
+from loadwise.measure import workloads
+from loadwise.provenance import provenance
+from loadwise.vllm.local import LocalEngine
 
 MODES = ("default", "invariant")
 
@@ -41,8 +44,6 @@ class CheckConfigError(LoadwiseError, ValueError):
 
 
 def check_chats(num: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    from loadwise.measure import workloads
-
     return workloads.sharegpt_histories(num, *PROMPT_CHARS, seed=seed)
 
 
@@ -157,9 +158,6 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
               on_pass: Callable[[PassResult], None] | None = None) -> InvarianceReport:
     """Every condition of ``cfg`` on ``chats`` (chat requests as message lists; the engine's
     chat template makes them prompts)."""
-    from loadwise.provenance import provenance
-    from loadwise.vllm.local import LocalEngine
-
     passes: list[PassResult] = []
 
     def record(condition: Condition, reference: list[Sample], got: list[Sample],

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from loadwise.errors import LoadwiseError
+from loadwise.invariance.attention import attention
+from loadwise.invariance.dense import dense_shape
 
 logger = logging.getLogger("loadwise.invariance")
 
@@ -57,8 +59,6 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def dense_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, int, int]]:
     """One (name, module, in_features, out_features) per distinct dense-layer class and shape."""
-    from loadwise.invariance.dense import dense_shape
-
     seen: set[tuple[str, int, int]] = set()
     for name, module in model.named_modules():
         shape = dense_shape(module)
@@ -105,8 +105,6 @@ def attention_mismatch(num_heads: int, num_kv_heads: int, head_dim: int, dtype: 
                        isa: str, block_size: int = 128) -> str | None:
     """The invariant backend's attention for one prompt of 300 tokens: whole, in chunks of 200
     and 100, inside a batch of two other requests, and its last token as a decode step."""
-    from loadwise.invariance.attention import attention
-
     gen = torch.Generator().manual_seed(SEED)
     num_blocks = 16
     cache = torch.randn(num_blocks, num_kv_heads, 2 * block_size, head_dim, generator=gen).to(dtype)
