@@ -158,6 +158,7 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
               on_pass: Callable[[PassResult], None] | None = None) -> InvarianceReport:
     """Every condition of ``cfg`` on ``chats`` (chat requests as message lists; the engine's
     chat template makes them prompts)."""
+    made_by = provenance()  # the code that runs, before anything else can change the tree
     passes: list[PassResult] = []
 
     def record(condition: Condition, reference: list[Sample], got: list[Sample],
@@ -191,4 +192,4 @@ def run_check(cfg: CheckConfig, chats: Sequence[Sequence[dict[str, str]]],
                     engine.shutdown()
     bindings = {str(len(b.cores or ())): b.to_json() for b in cfg.bindings()}
     return InvarianceReport(config=cfg.to_json(), passes=tuple(passes),
-                            meta={**provenance(), "cpu_binding_by_threads": bindings})
+                            meta={**made_by, "cpu_binding_by_threads": bindings})
