@@ -20,7 +20,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from loadwise.config.kvstore import HANDOFFS
 from loadwise.config.transfer import TransferParams
 from loadwise.kvstore.handoff.pull import PullScheduler
 from loadwise.kvstore.handoff.pull_transport import Held, PullOrder
@@ -161,9 +160,8 @@ class PushHandoff(PullHandoff):
 
 def create_scheduler_handoff(kind: str, block_size: int, host: str,
                              port: int | None) -> SchedulerHandoff:
-    if kind not in HANDOFFS:
-        raise ValueError(f"unknown handoff {kind!r}: choose one of {', '.join(HANDOFFS)}")
+    """``kind`` is one of ``config.kvstore.HANDOFFS``: KvStoreConfig refused any other before
+    the engine started."""
     if kind == "store":
         return StoreHandoff(block_size)
-    return PullHandoff(block_size, host, port) if kind == "pull" else \
-        PushHandoff(block_size, host, port)
+    return (PushHandoff if kind == "push" else PullHandoff)(block_size, host, port)
