@@ -138,21 +138,24 @@ NEEDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+def gate_flags(args: argparse.Namespace) -> list[str]:
+    """The draft gate's options given (any of them turns the gate on)."""
+    return [flag for flag, given in (
+        ("--trim", args.trim), ("--trim-min-survival", args.trim_min_survival is not None),
+        ("--estimate-acceptance", args.estimate_acceptance)) if given]
+
+
 def check_sections(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> None:
     """Refuse an option given without the one its section needs, and sections that do not
     combine yet."""
-    gate_on = bool(args.trim or args.estimate_acceptance or args.trim_min_survival is not None)
     on = {"kv_store_or_disagg": bool(args.kv_store or args.disagg), "disagg": args.disagg,
-          "gate": gate_on, "adaptive": args.adaptive}
+          "gate": bool(gate_flags(args)), "adaptive": args.adaptive}
     for needed, options, section in NEEDS:
         given = [o for o in options if getattr(args, o) != parser_defaults.get(o)]
         if given and not on[section]:
             flags = ", ".join("--" + o.replace("_", "-") for o in given)
             raise UsageError(f"{flags} need{'s' if len(given) == 1 else ''} {needed}")
-    refused = [flag for flag, given in (
-        ("--adaptive", args.adaptive), ("--trim", args.trim),
-        ("--trim-min-survival", args.trim_min_survival is not None),
-        ("--estimate-acceptance", args.estimate_acceptance)) if given]
+    refused = (["--adaptive"] if args.adaptive else []) + gate_flags(args)
     if args.disagg and refused:
         raise UsageError(f"--disagg does not take {', '.join(refused)} yet")
     if args.adaptive and not args.profile:
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_sections(args, SERVE_DEFAULTS)
     extra_env: dict[str, str] = {}
-    gate_on = bool(args.trim or args.estimate_acceptance or args.trim_min_survival is not None)
+    gate_on = bool(gate_flags(args))
     binding = None
     profile = None
     if args.profile:
