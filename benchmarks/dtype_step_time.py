@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from loadwise.config.engine import EngineSpec
+from loadwise.config.runtime import RuntimeSettings
 from loadwise.measure.workloads import timing_prompts
 from loadwise.model import prepare
 from loadwise.provenance import provenance
@@ -26,7 +27,7 @@ def measure(dtype: str) -> dict[str, object]:
     from loadwise.vllm.local import LocalEngine
 
     model = prepare().path
-    spec = EngineSpec(model=str(model), spec_method=None, max_num_seqs=16, dtype=dtype,
+    spec = EngineSpec(model=str(model), spec_method=None, max_num_seqs=16, runtime=RuntimeSettings(dtype=dtype),
                       enable_prefix_caching=False)
     engine = LocalEngine(spec)
     out: dict[str, object] = {"dtype": dtype, "engine_start_s": engine.start_time_s, "step_time_s": {}}

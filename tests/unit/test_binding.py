@@ -23,8 +23,9 @@ from loadwise.config.binding import (
     parse_cores,
 )
 from loadwise.config.engine import EngineSpec
-from loadwise.cpu_binding import BindingSweep, BindingWindow, ServerFacts, SweepConfig
-from loadwise.policy.binding import choose_binding, compare_load
+from loadwise.config.serving import ServingSettings
+from loadwise.policy.settings import choose_settings, compare_load
+from loadwise.settings_sweep import ServerFacts, SettingsSweep, SettingsWindow, SweepConfig
 
 
 def test_parse_cores_ranges_and_lists() -> None:
@@ -111,12 +112,12 @@ def test_compare_load_rejects_bad_samples() -> None:
 
 
 def test_choose_deploys_a_clear_winner_and_keeps_auto_on_a_tie() -> None:
-    win = choose_binding({1: {"auto": [10.0], "0-1": [9.5]},
+    win = choose_settings({1: {"auto": [10.0], "0-1": [9.5]},
                           16: {"auto": [80.0], "0-1": [130.0]}}, "auto")
     assert win.deploy == "0-1" and win.per_load[0].best == "auto"
     assert win.mean_ratio["0-1"] == pytest.approx(math.sqrt(0.95 * 1.625))
-    tie = choose_binding({1: {"auto": [10.0], "0-1": [10.1]}}, "auto", min_gain=0.03)
-    assert tie.deploy == "auto" and "no binding beats auto" in tie.reason
+    tie = choose_settings({1: {"auto": [10.0], "0-1": [10.1]}}, "auto", min_gain=0.03)
+    assert tie.deploy == "auto" and "no candidate beats auto" in tie.reason
 
 
 @given(st.lists(st.tuples(st.floats(1.0, 1e3), st.floats(0.2, 5.0), st.floats(0.5, 2.0)),
@@ -128,28 +129,28 @@ def test_choice_ignores_what_a_round_does_to_every_binding(
     base = {8: {"auto": [a for a, _, _ in rounds], "0-1": [a * r for a, r, _ in rounds]}}
     scaled = {8: {"auto": [a * s for a, _, s in rounds],
                   "0-1": [a * r * s for a, r, s in rounds]}}
-    d0, d1 = choose_binding(base, "auto"), choose_binding(scaled, "auto")
+    d0, d1 = choose_settings(base, "auto"), choose_settings(scaled, "auto")
     assert d0.deploy == d1.deploy and d0.deploy in ("auto", "0-1")
     assert d0.mean_ratio["0-1"] == pytest.approx(d1.mean_ratio["0-1"])
 
 
-def _window(binding: str, load: int, r: int, tok_s: float) -> BindingWindow:
-    return BindingWindow(binding, load, r, 0, tok_s * 6.0, 100.0, 6.0,
+def _window(binding: str, load: int, r: int, tok_s: float) -> SettingsWindow:
+    return SettingsWindow(binding, load, r, 0, tok_s * 6.0, 100.0, 6.0,
                          {"worker": 5.0, "engine_core": 1.0}, 0.01, 0)
 
 
 def test_sweep_json_round_trip_keeps_the_decision() -> None:
-    cands = (CpuBinding(None), CpuBinding((0, 1)))
-    sweep = BindingSweep(SweepConfig(loads=(1, 32), rounds=2), cands,
+    cands = (ServingSettings(CpuBinding(None)), ServingSettings(CpuBinding((0, 1))))
+    sweep = SettingsSweep(SweepConfig(loads=(1, 32), rounds=2), cands,
                          (ServerFacts(cands[0], 30.0, {"0": 40}),
                           ServerFacts(cands[1], 31.0, {"0": 40, "1": 1})),
                          tuple(_window(b, c, r, v) for b, c, r, v in [
                              ("auto", 1, 0, 10), ("0-1", 1, 0, 9), ("0-1", 1, 1, 9.5),
                              ("auto", 1, 1, 10), ("auto", 32, 0, 100), ("0-1", 32, 0, 170),
                              ("0-1", 32, 1, 160), ("auto", 32, 1, 90)]))
-    again = BindingSweep.from_json(sweep.to_json())
+    again = SettingsSweep.from_json(sweep.to_json())
     assert again == sweep
-    assert again.deploy() == CpuBinding((0, 1))
+    assert again.deploy() == ServingSettings(CpuBinding((0, 1)))
     assert again.samples()[32] == {"auto": [100.0, 90.0], "0-1": [170.0, 160.0]}
 
 

@@ -183,17 +183,21 @@ def test_evaluate_refuses_another_method_or_head(tmp_path: Path) -> None:
     assert "draft_model" not in call(draft_model=str(other))
 
 
-def _profile_at(tmp_path: Path, binding: str | None) -> Path:
-    """The committed profile, as if tuned at ``binding`` (None: not recorded, as before
-    loadwise applied bindings)."""
+def _profile_at(tmp_path: Path, binding: str | None, runtime: str | None = None) -> Path:
+    """The committed profile, as if tuned at ``binding`` and ``runtime`` (None: not recorded,
+    as before loadwise applied them)."""
     import json
 
     from loadwise.config.binding import CpuBinding
+    from loadwise.config.runtime import RuntimeSettings
 
     raw = json.loads(PROFILE.read_text())
     raw["meta"].pop("cpu_binding", None)
+    raw["meta"].pop("runtime", None)
     if binding is not None:
         raw["meta"]["cpu_binding"] = CpuBinding.parse(binding, allowed=[0, 1]).to_json()
+    if runtime is not None:
+        raw["meta"]["runtime"] = RuntimeSettings.parse(runtime).to_json()
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(raw))
     return path
@@ -208,19 +212,34 @@ def test_step_times_at_another_binding_are_refused(tmp_path: Path, capsys) -> No
     assert "measured at 0-1" in " ".join(capsys.readouterr().err.split())
 
 
-def test_binding_defaults_come_from_the_profile(tmp_path: Path) -> None:
+def test_step_times_under_another_runtime_are_refused(tmp_path: Path, capsys) -> None:
+    profile = _profile_at(tmp_path, "0-1", "iomp+bf16")
+    assert main(["evaluate", "--profile", str(profile), "--runtime", "iomp"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("runs at runtime settings iomp but the profile's step times were measured under "
+            "iomp+bf16") in err
+    assert main(["serve", "--adaptive", "--profile", str(profile), "--runtime", "default"]) == 2
+    assert "measured under iomp+bf16" in " ".join(capsys.readouterr().err.split())
+
+
+def test_settings_default_to_the_profiles(tmp_path: Path) -> None:
     import argparse
 
-    from loadwise.cli.common import binding_for_profile
+    from loadwise.cli.common import settings_for_profile
     from loadwise.config.binding import CpuBinding
+    from loadwise.config.runtime import RuntimeSettings
+    from loadwise.config.serving import ServingSettings
     from loadwise.measure.profile import Profile
 
-    meta = Profile.load(_profile_at(tmp_path, "0-1")).meta
-    args = argparse.Namespace(cpu_binding=None)
-    assert binding_for_profile(args, meta, "evaluate") == CpuBinding((0, 1))
-    # A profile that recorded no binding: vLLM's default, and no refusal.
-    assert binding_for_profile(args, {}, "evaluate") == CpuBinding(None)
-    assert binding_for_profile(argparse.Namespace(cpu_binding="0-1"), {}, "x") == CpuBinding((0, 1))
+    meta = Profile.load(_profile_at(tmp_path, "0-1", "tcmalloc")).meta
+    args = argparse.Namespace(cpu_binding=None, runtime=None)
+    assert settings_for_profile(args, meta, "evaluate") == ServingSettings(
+        CpuBinding((0, 1)), RuntimeSettings(allocator="tcmalloc"))
+    # A profile that recorded neither: vLLM's defaults, and no refusal.
+    assert settings_for_profile(args, {}, "evaluate") == ServingSettings()
+    flagged = argparse.Namespace(cpu_binding="0-1", runtime="bf16")
+    assert settings_for_profile(flagged, {}, "x") == ServingSettings(
+        CpuBinding((0, 1)), RuntimeSettings(dtype="bfloat16"))
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -234,8 +253,8 @@ def test_bad_cpu_binding_exits_2(value: str, message: str, capsys) -> None:
 
 def test_parser_defaults_are_the_configs_defaults() -> None:
     from loadwise.cli import build_parser
-    from loadwise.cpu_binding import SweepConfig
     from loadwise.evaluate import EvalConfig
+    from loadwise.settings_sweep import SweepConfig
     from loadwise.tune import TuneConfig
 
     parser = build_parser()
@@ -244,7 +263,7 @@ def test_parser_defaults_are_the_configs_defaults() -> None:
             t.acceptance_seconds, t.acceptance_concurrency) == (
         tc.batch_sizes, tc.rounds, tc.steps_per_point, tc.max_spread, tc.extra_rounds,
         tc.acceptance_seconds, tc.acceptance_concurrency)
-    assert (t.binding_rounds, t.binding_window_s) == (sc.rounds, sc.window_s)
+    assert (t.settings_rounds, t.settings_window_s) == (sc.rounds, sc.window_s)
     e, ec = parser.parse_args(["evaluate", "--profile", "p.json"]), EvalConfig()
     assert (e.loads, e.repeats, e.duration, e.warmup, e.max_tokens, e.retime_rounds,
             e.confirm_rounds, e.confirm_max_rounds, e.target_loss) == (

@@ -14,6 +14,8 @@ from rich.console import Console
 
 from loadwise.config.binding import AUTO, CpuBinding
 from loadwise.config.engine import SPEC_METHODS, EngineSpec, parse_table_arg
+from loadwise.config.runtime import DEFAULT_NAME, RuntimeSettings
+from loadwise.config.serving import ServingSettings
 from loadwise.errors import LoadwiseError
 from loadwise.provenance import describe_machine, dirty_warning
 
@@ -23,6 +25,11 @@ err = Console(stderr=True)
 MEASURE = "measure"
 BINDING_HELP = ("vllm-cpu: cores for the model threads: auto (vLLM's default, reserves a core), "
                 "all, or a list like 0-3 (default: {default}); ignored by GPU vLLM")
+
+
+RUNTIME_HELP = ("preloads and dtype, joined with +: iomp (Intel OpenMP), tcmalloc, bf16 or "
+                "fp16 (model dtype), or default (vLLM's: libgomp, the system allocator, "
+                "float32); preloads apply to vllm-cpu only (default: {default})")
 
 
 class UsageError(LoadwiseError):
@@ -39,7 +46,7 @@ def print_provenance(made_by: Mapping[str, Any]) -> None:
 
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
-                    binding_help: str = "") -> None:
+                    binding_help: str = "", runtime_help: str = "") -> None:
     binding_help = binding_help or BINDING_HELP.format(default="auto")
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
@@ -64,8 +71,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
                    "goes through --kv-cache-memory-bytes; default 4)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="GPU vLLM: share of GPU memory for the engine (default 0.5)")
-    g.add_argument("--dtype", default=None,
-                   help="model dtype (default: float32, the fastest on AVX2 CPUs)")
+    g.add_argument("--runtime", default=None, metavar="default|iomp|tcmalloc|bf16|…",
+                   help=runtime_help or RUNTIME_HELP.format(default="the last tune's on this "
+                                                            "CPU, else default"))
     g.add_argument("--enforce-eager", action="store_true",
                    help="no torch.compile: the engine starts in seconds instead of minutes, but "
                         "its steps may be slower; tune with the mode you serve with")
@@ -74,11 +82,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
 
 def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
                 prefix_caching: bool = True, binding: CpuBinding | None = None,
-                **overrides: Any) -> EngineSpec:
-    """The engine the command line asks for. ``binding`` overrides ``--cpu-binding``;
+                runtime: RuntimeSettings | None = None, **overrides: Any) -> EngineSpec:
+    """The engine the command line asks for. ``binding`` and ``runtime`` override
+    ``--cpu-binding`` and ``--runtime``;
     ``overrides`` replace engine options a command takes from elsewhere (a profile), by
     their option names (``max_k``, ``max_num_seqs``, ``model``, ``prompt_lookup_min`` …)."""
-    from loadwise.model import DEFAULT_DTYPE, prepare
+    from loadwise.model import prepare
 
     opt = {**vars(args), **overrides}
     # Validate what the user typed before the slow parts (model build, engine start).
@@ -89,6 +98,8 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
     table = parse_table_arg(table_arg, opt["max_k"]) if method else None
     if binding is None:
         binding = CpuBinding.parse(opt["cpu_binding"] or AUTO)
+    if runtime is None:
+        runtime = RuntimeSettings.parse(opt["runtime"] or DEFAULT_NAME)
     model = opt["model"]
     if model is None:
         prepared = prepare()
@@ -100,7 +111,7 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
         table=table, max_num_seqs=opt["max_num_seqs"], max_model_len=opt["max_model_len"],
         kv_cache_space_gib=opt["kv_cache_gib"],
         gpu_memory_utilization=opt["gpu_memory_utilization"],
-        dtype=opt["dtype"] or DEFAULT_DTYPE, enable_prefix_caching=prefix_caching,
+        runtime=runtime, enable_prefix_caching=prefix_caching,
         prompt_lookup_min=opt["prompt_lookup_min"], prompt_lookup_max=opt["prompt_lookup_max"],
         enforce_eager=opt["enforce_eager"], cpu_binding=binding,
     )
@@ -146,16 +157,70 @@ def drafter_from_profile(args: argparse.Namespace, meta: Mapping[str, Any],
     return out
 
 
-def binding_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
-                        what: str) -> CpuBinding:
-    """The profile's binding unless --cpu-binding names one; a binding other than the one the
-    profile's step times were measured at is refused."""
-    from loadwise.config.binding import check_profile_binding, profile_binding
+def settings_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
+                         what: str) -> ServingSettings:
+    """The profile's binding and runtime unless --cpu-binding / --runtime name others; settings
+    other than those the profile's step times were measured at are refused."""
+    from loadwise.config.binding import profile_binding
+    from loadwise.config.runtime import profile_runtime
+    from loadwise.config.serving import ServingSettingsError, check_profile_settings
 
-    tuned = profile_binding(meta)
-    binding = CpuBinding.parse(args.cpu_binding) if args.cpu_binding else (tuned or CpuBinding())
-    check_profile_binding(meta, binding, what)
-    return binding
+    binding = (CpuBinding.parse(args.cpu_binding) if args.cpu_binding
+               else (profile_binding(meta) or CpuBinding()))
+    runtime = (RuntimeSettings.parse(args.runtime) if getattr(args, "runtime", None)
+               else (profile_runtime(meta) or RuntimeSettings()))
+    settings = ServingSettings(binding, runtime)
+    try:
+        check_profile_settings(meta, settings, what)
+    except ServingSettingsError as exc:
+        raise UsageError(str(exc)) from None
+    return settings
+
+
+def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
+                     ) -> tuple[ServingSettings, str]:
+    """Where ``loadwise serve`` takes its binding and runtime from, each on its own: the flag,
+    else the profile's, else the last tune's on this CPU, else vLLM's defaults. Returns the
+    settings and a line saying where they came from."""
+    from loadwise.config.binding import profile_binding
+    from loadwise.config.platform import on_cpu
+    from loadwise.config.runtime import profile_runtime
+    from loadwise.config.serving import last_measured
+    from loadwise.model import loadwise_home
+    from loadwise.provenance import cpu_info
+
+    last = last_measured(loadwise_home(), cpu_info()) if on_cpu() else None
+    sources = []
+    tuned_binding = None if meta is None else profile_binding(meta)
+    tuned_runtime = None if meta is None else profile_runtime(meta)
+    binding: CpuBinding
+    runtime: RuntimeSettings
+    if args.cpu_binding:
+        binding, src = CpuBinding.parse(args.cpu_binding), "--cpu-binding"
+    elif tuned_binding is not None:
+        binding, src = tuned_binding, "the profile"
+    elif last is not None:
+        binding, src = last.settings.binding, "last tune"
+    else:
+        binding, src = CpuBinding(), "vLLM's default"
+    sources.append(f"binding {binding.name} ({src})")
+    if args.runtime:
+        runtime, src = RuntimeSettings.parse(args.runtime), "--runtime"
+    elif tuned_runtime is not None:
+        runtime, src = tuned_runtime, "the profile"
+    elif last is not None:
+        runtime, src = last.settings.runtime, "last tune"
+    else:
+        runtime, src = RuntimeSettings(), "vLLM's default"
+    sources.append(f"runtime {runtime.name} ({src})")
+    line = "settings: " + ", ".join(sources)
+    if last is not None and "last tune" in line:
+        line += (f"; last tune = what `loadwise tune` measured on this CPU at "
+                 f"{last.measured_at} ({last.profile}); --cpu-binding auto --runtime default "
+                 "for vLLM's defaults")
+    elif on_cpu() and last is None and args.cpu_binding is None and args.runtime is None:
+        line += "; no tune has measured settings on this CPU yet (loadwise tune does)"
+    return ServingSettings(binding, runtime), line
 
 
 @contextmanager

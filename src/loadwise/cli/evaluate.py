@@ -13,7 +13,6 @@ from typing import Any
 from loadwise.cli.common import (
     BINDING_HELP,
     add_engine_args,
-    binding_for_profile,
     config_default,
     console,
     csv,
@@ -24,6 +23,7 @@ from loadwise.cli.common import (
     nonneg_int,
     print_provenance,
     progress,
+    settings_for_profile,
 )
 
 RECORD_SUFFIX = ".record.jsonl"
@@ -97,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = resolve_many(args.workload or sorted(profile.acceptance))
     for w in workloads:
         profile.acceptance_for(w.name)  # fail now, not after an engine start
+    settings = settings_for_profile(args, profile.meta, "evaluate")
     spec = engine_spec(args, None, prefix_caching=False,
-                       binding=binding_for_profile(args, profile.meta, "evaluate"),
+                       binding=settings.binding, runtime=settings.runtime,
                        model=args.model or profile.model, max_k=profile.max_k,
                        max_num_seqs=profile.max_num_seqs,
                        **drafter_from_profile(args, profile.meta, profile.spec_method))
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             "spec_method": spec.spec_method, "max_k": spec.max_k,
             "enforce_eager": spec.enforce_eager,
             "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
-            "cpu_binding": spec.cpu_binding.name}
+            "cpu_binding": spec.cpu_binding.name, "runtime": spec.runtime.name}
     header = RecordHeader(cfg, profile, meta)
     engine = LocalEngine(spec)
     templated = [w.map(engine.chat_prompt) for w in workloads]

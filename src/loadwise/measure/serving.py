@@ -89,6 +89,28 @@ def cpu_by_role(pgid: int) -> dict[str, float]:
     return out
 
 
+# The runtime libraries whose presence in a process shows which preloads took effect.
+RUNTIME_LIBS = ("libiomp5", "libgomp", "libtcmalloc")
+
+
+def runtime_libraries(pgid: int, role: str = "worker") -> list[str]:
+    """The OpenMP runtimes and allocators mapped in the group's ``role`` processes (file names
+    from /proc/PID/maps): what actually runs, whatever the environment asked for."""
+    found: set[str] = set()
+    for pid in group_pids(pgid):
+        if _role(pid, pgid) != role:
+            continue
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            name = line.rsplit("/", 1)[-1]
+            if "/" in line and name.startswith(RUNTIME_LIBS):
+                found.add(name)
+    return sorted(found)
+
+
 def thread_affinity(pgid: int, role: str = "worker") -> dict[str, int]:
     """For the role's processes: each distinct per-thread CPU affinity list (as the kernel
     prints it, e.g. ``0`` or ``0-1``) and how many threads have it. Shows what a binding really

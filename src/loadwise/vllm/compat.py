@@ -120,6 +120,11 @@ def served_model(scheduler: Any) -> str:
     return str(scheduler.vllm_config.model_config.model)
 
 
+def served_dtype(scheduler: Any) -> str:
+    """The model's dtype as loadwise names it (``float32``, ``bfloat16``)."""
+    return str(scheduler.vllm_config.model_config.dtype).removeprefix("torch.")
+
+
 def max_num_seqs(scheduler: Any) -> int:
     return int(scheduler.scheduler_config.max_num_seqs)
 

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from loadwise.config import env as envvars
-from loadwise.config.binding import binding_from_env
 from loadwise.config.platform import on_cpu
+from loadwise.config.serving import settings_from_env
 from loadwise.measure.profile import load_checked_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, AcceptanceEstimator
 from loadwise.policy.gate import DraftGate
@@ -143,9 +143,10 @@ def attach_gate(scheduler: Any) -> None:
         step_time_s = None
         profile_path = settings.get("trim_profile")
         if profile_path:
-            binding = binding_from_env(os.environ) if on_cpu() else None
+            running_at = (settings_from_env(os.environ, compat.served_dtype(scheduler))
+                          if on_cpu() else None)
             times = load_checked_profile(profile_path, k, compat.served_model(scheduler),
-                                         binding).step_times()
+                                         running_at).step_times()
             step_time_s = lambda b, x: times.at(b, min(x, times.max_k))
         alpha = float(settings.get("history_alpha", DEFAULT_HISTORY_ALPHA))
         estimator = AcceptanceEstimator.create(k, history_alpha=alpha)

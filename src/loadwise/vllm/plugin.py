@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.config import env as envvars
-from loadwise.config.binding import (
-    binding_from_env,
-)
 from loadwise.config.platform import on_cpu
+from loadwise.config.serving import settings_from_env
 from loadwise.measure.profile import load_checked_profile
 from loadwise.measure.records import StepRecord
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
@@ -224,8 +222,9 @@ def attach_controller(scheduler: Any) -> None:
         return
     try:
         model = compat.served_model(scheduler)
-        binding = binding_from_env(os.environ) if on_cpu() else None
-        profile = load_checked_profile(path, compat.num_spec_tokens(scheduler), model, binding)
+        running_at = (settings_from_env(os.environ, compat.served_dtype(scheduler)) if on_cpu()
+                      else None)
+        profile = load_checked_profile(path, compat.num_spec_tokens(scheduler), model, running_at)
         static = DraftLengthTable.parse(scheduler.loadwise_table, compat.num_spec_tokens(scheduler))
         controller = AdaptiveController(profile.step_times(), static,
                                         compat.max_num_seqs(scheduler),
