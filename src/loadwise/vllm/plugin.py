@@ -33,7 +33,7 @@ from loadwise.measure.profile import load_checked_profile
 from loadwise.measure.records import StepRecord
 from loadwise.policy.adaptive import AdaptiveConfig, AdaptiveConfigError, AdaptiveController
 from loadwise.policy.table import DraftLengthTable
-from loadwise.vllm import compat, draft_features, scheduler_hooks
+from loadwise.vllm import compat, draft_features, scheduler_hooks, warmup
 from loadwise.vllm.draft_gate import attach_gate
 from loadwise.vllm.logs import ensure_log_handler
 from loadwise.vllm.state_file import read_state_file, write_state_file
@@ -53,6 +53,7 @@ def register() -> None:
     scheduler_hooks.add_init_hook(attach_gate)
     _register_adaptive()
     _register_gate()
+    _register_warmup()
 
 
 def _register_adaptive() -> None:
@@ -93,6 +94,15 @@ def _register_gate() -> None:
         _default_to_loadwise_scheduler()
     except Exception:
         logger.exception("loadwise: draft gate registration failed; vLLM runs without it")
+
+
+def _register_warmup() -> None:
+    if not on_cpu():
+        return
+    try:
+        warmup.register()
+    except Exception:
+        logger.exception("loadwise: warm-up hook not registered; eager engines start unwarmed")
 
 
 def _guarded_feature_install(runner: Any) -> None:
