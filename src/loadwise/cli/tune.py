@@ -88,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     from loadwise.tune import TuneConfig, run_tune
     from loadwise.vllm.local import LocalEngine
 
+    if args.spec_method is None:
+        # The embedded model has a trained EAGLE head shipped with loadwise: a drafter that
+        # costs a forward per draft, which is where the table matters. Prompt lookup (ngram)
+        # stays an option, and the default for another model.
+        args.spec_method = "eagle" if args.model is None else "ngram"
     cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
                      steps_per_point=args.steps, acceptance_seconds=args.acceptance_seconds,
                      acceptance_concurrency=args.acceptance_concurrency,

@@ -244,3 +244,38 @@ def read_meta(head_dir: str | Path) -> dict[str, Any] | None:
     except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def held_out_of(head_dir: Path, work_dir: Path) -> dict[str, Any]:
+    """The held-out figures of the head saved in ``head_dir`` as its weights are stored (a
+    compact copy's rounding included), on the held-out examples and hidden states its training
+    cached in ``work_dir``."""
+    import torch
+
+    from loadwise.drafter import train as T
+    from loadwise.drafter.data import read_examples
+    from loadwise.drafter.head import load_head
+    from loadwise.drafter.target import hidden_states
+
+    meta = read_meta(head_dir) or {}
+    cfg = meta.get("config") or {}
+    try:
+        model, data, held = str(cfg["model"]), str(cfg["data"]), int(cfg["held_out"])
+        steps, batch_tokens = int(cfg["num_steps"]), int(cfg["batch_tokens"])
+        aux = tuple(int(i) for i in cfg.get("aux_layers") or ())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DrafterDataError(f"{head_dir}: no usable training record ({exc})") from exc
+    examples = read_examples(work_dir / f"examples-{data}.jsonl")[:held]
+    if len(examples) < held:
+        raise DrafterDataError(f"{work_dir} holds {len(examples)} examples, the head held out "
+                               f"{held}")
+    tail = "-aux" + "-".join(map(str, aux)) if aux else ""
+    hidden = hidden_states(None, examples, work_dir / f"hidden-{data}{tail}", lambda n: None,
+                           aux)
+    from safetensors.torch import load_file
+
+    target_cfg = json.loads((Path(model) / "config.json").read_text())
+    embed = load_file(str(next(Path(model).glob("*.safetensors"))))["model.embed_tokens.weight"]
+    head = load_head(head_dir, target_cfg, embed)
+    with torch.no_grad():
+        return T.evaluate_head(head, examples, hidden, steps, batch_tokens)
