@@ -12,8 +12,10 @@ prompts: the built-in `sharegpt` workload, none of which any head trained on.
    the target plus the drafts accepted, so this counts all steps, drafted or not.
 
 Writes benchmarks/results/drafter-heads-<time>.json.
-Usage: python benchmarks/drafter_heads.py --self-head DIR --human-head DIR [--rounds 3]
+Usage: python benchmarks/drafter_heads.py [--self-head DIR] [--human-head DIR] [--rounds 3]
        [--window-s 20] [--identity-prompts 16] [--enforce-eager]
+(--self-head defaults to the head shipped with loadwise; without --human-head that server is
+left out.)
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from results_io import write_result
 from loadwise.config.binding import ALL, CpuBinding
 from loadwise.config.engine import EngineSpec
 from loadwise.drafter.run import read_meta
+from loadwise.heads import prepare_head
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.measure.serving import measure_load_window, read_counters
 from loadwise.measure.workloads import resolve
-from loadwise.model import prepare
+from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
 from loadwise.vllm.server import ServerProcess
 
@@ -76,8 +79,9 @@ def completions(url: str, model: str, prompts: list[str], max_tokens: int) -> li
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--self-head", required=True)
-    ap.add_argument("--human-head", required=True)
+    ap.add_argument("--self-head", default=None,
+                    help="default: the head shipped with loadwise (loadwise model prepare)")
+    ap.add_argument("--human-head", default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--warmup-s", type=float, default=2.0)
@@ -85,6 +89,8 @@ def main() -> None:
     ap.add_argument("--identity-prompts", type=int, default=16)
     ap.add_argument("--enforce-eager", action="store_true")
     args = ap.parse_args()
+    if args.self_head is None:
+        args.self_head = str(prepare_head(loadwise_home()).path)
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=8,
                       kv_cache_space_gib=1, enforce_eager=args.enforce_eager,
                       cpu_binding=CpuBinding.parse(ALL))
@@ -93,9 +99,10 @@ def main() -> None:
         "ngram": dataclasses.replace(base, spec_method="ngram", max_k=K),
         "eagle-self": dataclasses.replace(base, spec_method="eagle", max_k=K,
                                           draft_model=args.self_head),
-        "eagle-human": dataclasses.replace(base, spec_method="eagle", max_k=K,
-                                           draft_model=args.human_head),
     }
+    if args.human_head:
+        specs["eagle-human"] = dataclasses.replace(base, spec_method="eagle", max_k=K,
+                                                   draft_model=args.human_head)
     names = list(specs)
     made_by = provenance()
     servers: dict[str, ServerProcess] = {}
@@ -132,7 +139,8 @@ def main() -> None:
         "config": {**vars(args), "k": K, "concurrency": 1, "workload": "sharegpt (held out)",
                    "engine": {"max_num_seqs": base.max_num_seqs,
                               "enforce_eager": args.enforce_eager}},
-        "heads": {"self": read_meta(args.self_head), "human": read_meta(args.human_head)},
+        "heads": {"self": read_meta(args.self_head),
+                  "human": read_meta(args.human_head) if args.human_head else None},
         "greedy_identity_vs_off": identity, "windows": windows, "summary": summary,
         "wall_s": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")

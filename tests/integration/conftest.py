@@ -11,6 +11,10 @@ from loadwise.config.binding import CpuBinding
 from loadwise.config.engine import EngineSpec
 from loadwise.model import prepare
 
+# Engines started by `loadwise serve` in these tests run at what each test asks for, not at the
+# settings a tune on this machine last deployed.
+os.environ["LOADWISE_IGNORE_LAST_SETTINGS"] = "1"
+
 MAX_K = 4
 # Test engines run at the binding the project recommends on these machines: every core
 # (benchmarks/results/cpu-binding-*.json); LOADWISE_TEST_CPU_BINDING picks another.

@@ -219,3 +219,31 @@ def test_rule_properties(loads: dict[int, tuple[float, float, float, float]],
     if d.deploy != "ref":
         assert all(d.mean_ratio[d.deploy] >= d.mean_ratio[n] for n in eligible)
     assert choose_settings(scaled, "ref", min_gain, inel).deploy == d.deploy
+
+
+def test_serve_takes_the_last_tunes_settings_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    """Each of binding and runtime: the flag, else the profile's, else the last tune's on this
+    CPU, else vLLM's default; the line printed names where each came from."""
+    import argparse
+
+    from loadwise.cli.common import default_settings
+    from loadwise.provenance import cpu_info
+
+    monkeypatch.setenv("LOADWISE_HOME", str(tmp_path))
+    monkeypatch.delenv("LOADWISE_IGNORE_LAST_SETTINGS", raising=False)
+    none = argparse.Namespace(cpu_binding=None, runtime=None)
+    settings, line = default_settings(none, None)
+    assert settings == ServingSettings()
+    assert "binding auto (vLLM's default), runtime default (vLLM's default)" in line
+    assert "no tune has measured settings on this CPU yet" in line
+    tuned = ServingSettings(CpuBinding((0, 1)), RuntimeSettings(dtype="bfloat16"))
+    remember(tmp_path, tuned, cpu_info(), str(tmp_path / "profile.json"), "won")
+    settings, line = default_settings(none, None)
+    assert settings == tuned and "binding 0-1 (last tune), runtime bf16 (last tune)" in line
+    assert "--cpu-binding auto --runtime default for vLLM's defaults" in line
+    flagged = argparse.Namespace(cpu_binding="auto", runtime=None)
+    settings, line = default_settings(flagged, {"runtime": RuntimeSettings().to_json()})
+    assert settings == ServingSettings() and "auto (--cpu-binding)" in line
+    assert "runtime default (the profile)" in line
+    monkeypatch.setenv("LOADWISE_IGNORE_LAST_SETTINGS", "1")
+    assert default_settings(none, None)[0] == ServingSettings()

