@@ -215,14 +215,13 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
     """Where ``loadwise serve`` takes its binding and runtime from, each on its own: the flag,
     else the profile's, else the last tune's on this CPU, else vLLM's defaults. Returns the
     settings and a line saying where they came from."""
+    from loadwise.config import env as envvars
     from loadwise.config.binding import profile_binding
     from loadwise.config.platform import on_cpu
     from loadwise.config.runtime import profile_runtime
     from loadwise.config.serving import last_measured
     from loadwise.model import loadwise_home
     from loadwise.provenance import cpu_info
-
-    from loadwise.config import env as envvars
 
     use_last = on_cpu() and not envvars.IGNORE_LAST_SETTINGS.flag()
     last = last_measured(loadwise_home(), cpu_info()) if use_last else None
