@@ -29,7 +29,6 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 MANIFEST = "loadwise-manifest.json"
 WEIGHTS = "model.safetensors"
 RECORD = "loadwise-drafter.json"
-COMPACT_DTYPES = ("float16", "bfloat16")
 
 
 class HeadError(LoadwiseError, RuntimeError):
@@ -70,10 +69,6 @@ def verify(directory: Path) -> str | None:
         if _sha256(p) != digest:
             return f"{name} does not match its checksum (corrupt or changed)"
     return None
-
-
-def manifest_dtype(directory: Path) -> str:
-    return str(json.loads((directory / MANIFEST).read_text()).get("dtype", "float32"))
 
 
 def _convert(src: Path, dst: Path, dtype: str) -> None:

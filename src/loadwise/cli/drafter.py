@@ -84,6 +84,19 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_with_shipped(meta: dict[str, Any]) -> None:
+    """Whether this head reproduces the shipped one (same settings, held-out figures within
+    the tolerance): printed, never fatal."""
+    from loadwise.heads import RECORD, reproduces, shipped_dir
+
+    path = shipped_dir() / RECORD
+    if not path.is_file():
+        return
+    ok, why = reproduces(json.loads(path.read_text()), meta)
+    if why != "trained with other settings than the shipped head":
+        console.print(f"{'reproduces' if ok else 'does not reproduce'} the shipped head: {why}")
+
+
 def _rounded(xs: list[float | None]) -> list[float | None]:
     return [None if x is None else round(x, 3) for x in xs]
 
@@ -128,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
                   "held-out labels")
     console.print(f"serve it: loadwise serve --spec-method eagle --draft-model {args.out} "
                   f"--max-k {cfg.num_steps}")
+    _compare_with_shipped(meta)
     console.print_json(json.dumps(meta["stage_time_s"]))
     return 0
 
