@@ -128,8 +128,11 @@ def test_a_server_runs_with_the_preloads_the_rule_chose(model_dir: str) -> None:
     assert decision.deploy == won.name
     spec = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4, max_model_len=512,
                       kv_cache_space_gib=1, enforce_eager=True, runtime=runtime)
-    with ServerProcess(spec) as server:
+    with ServerProcess(spec, echo=False) as server:
         libs = runtime_libraries(server.pgid)
+        log = server.log_tail(400)
     assert any(lib.startswith("libiomp5") for lib in libs), libs
+    # An eager worker ran its warm-up forward before the engine reported ready.
+    assert "eager model warmed up" in log, log[-2000:]
     if runtime.allocator == "tcmalloc":
         assert any(lib.startswith("libtcmalloc") for lib in libs), libs

@@ -279,3 +279,12 @@ def test_trimming_step_times_at_another_binding_are_refused(tmp_path: Path, caps
     assert main(["serve", "--spec-method", "eagle", "--draft-model", str(head), "--max-k", "3",
                  "--trim", str(profile), "--cpu-binding", "auto"]) == 2
     assert "measured at 0-1" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--runtime", "jemalloc"], "'jemalloc' is not one of default, iomp, tcmalloc"),
+    (["tune", "--runtime", "bf16+fp16"], "runtime settings 'bf16+fp16' name two dtypes"),
+])
+def test_bad_runtime_settings_exit_2(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
