@@ -1,6 +1,6 @@
 """Is a server ready when `loadwise serve` says "ready"? The first request's time to first token
 against the same kind of request sent next, eager and compiled, with and without `--kv-store`,
-with loadwise's warm-up and without it (``LOADWISE_NO_WARMUP=1``).
+with loadwise's warm-up forward in eager workers and without it (``LOADWISE_NO_WARMUP=1``).
 
 Per configuration and round: `loadwise serve` is started and waited for until it prints "ready";
 then three long multi-turn chats of the same shape but different words (the prefix cache cannot

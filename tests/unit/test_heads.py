@@ -97,8 +97,8 @@ def test_reproduction_is_judged_on_the_figures_within_the_tolerance() -> None:
     ok, why = reproduces(RECORD_JSON, far)
     assert not ok and "0.050 (above" in why
     other = {**near, "config": {**near["config"], "epochs": 8}}
-    assert reproduces(RECORD_JSON, other) == (False, "trained with other settings than the "
-                                                     "shipped head")
+    assert reproduces(RECORD_JSON, other) == (
+        False, "trained with other settings than the shipped head")
 
 
 def test_the_shipped_head_is_committed_and_verifies() -> None:

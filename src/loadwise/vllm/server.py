@@ -22,7 +22,6 @@ from typing import Self
 
 import requests
 
-from loadwise.config import env as envvars
 from loadwise.config.engine import EngineSpec
 from loadwise.errors import LoadwiseError
 from loadwise.vllm import compat
@@ -91,34 +90,13 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 600.0) -> Self:
-        """Block until /health answers and one request has gone through the whole serving
-        path; on failure or timeout stop the server and raise."""
+        """Block until /health answers; on failure or timeout stop the server and raise."""
         try:
             self._wait_healthy(timeout_s)
-            self.warm_up()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def warm_up(self) -> float:
-        """One short chat request and one short completion, so what the API server does once
-        (templates, tokenizer and detokenizer state, the sampler's first run) is not paid by
-        the first client. Shorter than a KV block: nothing of it reaches a KV store. Returns
-        the seconds it took; a failure is left to the first client to meet."""
-        if envvars.NO_WARMUP.flag():
-            return 0.0
-        t0 = time.perf_counter()
-        model = Path(self.spec.model).name
-        for path, body in (
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
-                ("/v1/completions", {"prompt": "Hello"})):
-            try:
-                requests.post(f"{self.url}{path}", timeout=120, json={
-                    "model": model, "max_tokens": 2, "temperature": 0.0, **body})
-            except requests.RequestException:
-                pass
-        return time.perf_counter() - t0
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
