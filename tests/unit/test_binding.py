@@ -3,6 +3,7 @@ check, and the rule that picks the binding to deploy."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -159,3 +160,28 @@ def test_sweep_config_validation() -> None:
         SweepConfig(loads=())
     with pytest.raises(ValueError, match="rounds"):
         SweepConfig(rounds=0)
+
+
+def test_a_sweep_holds_back_a_dtype_whose_answers_differ() -> None:
+    """bf16 measured fastest but its greedy answers differ: the sweep deploys the fastest
+    eligible candidate, and an unchecked dtype is ineligible too."""
+    from loadwise.config.runtime import RuntimeSettings
+    from loadwise.measure.quality import AnswerQuality
+
+    ref, iomp = ServingSettings(CpuBinding(None)), ServingSettings(
+        CpuBinding((0, 1)), RuntimeSettings(openmp="iomp"))
+    bf16 = ServingSettings(CpuBinding((0, 1)), RuntimeSettings(dtype="bfloat16"))
+    windows = tuple(_window(name, 8, r, v) for name, r, v in [
+        ("auto", 0, 100), (iomp.name, 0, 130), (bf16.name, 0, 160),
+        (bf16.name, 1, 150), (iomp.name, 1, 125), ("auto", 1, 95)])
+    facts = tuple(ServerFacts(c, 30.0, {}) for c in (ref, iomp, bf16))
+    unchecked = SettingsSweep(SweepConfig(loads=(8,)), (ref, iomp, bf16), facts, windows)
+    assert unchecked.ineligible() == {bf16.name: "answers not compared with the reference's"}
+    assert unchecked.deploy() == iomp
+    q = AnswerQuality(bf16.name, "auto", 16, 32, 0.5, 1000, 25.7, 25.6)
+    checked = SettingsSweep(SweepConfig(loads=(8,)), (ref, iomp, bf16), facts, windows, {}, (q,))
+    assert "greedy agreement 50% < 90%" in checked.ineligible()[bf16.name]
+    assert checked.deploy() == iomp
+    good = dataclasses.replace(q, agreement=0.95, perplexity=25.62)
+    again = SettingsSweep.from_json(dataclasses.replace(checked, quality=(good,)).to_json())
+    assert again.ineligible() == {} and again.deploy() == bf16
