@@ -103,6 +103,9 @@ def write_head(src: Path, out: Path, dtype: str, record: dict[str, Any] | None =
         if rec is not None:
             (tmp / RECORD).write_text(json.dumps(rec, indent=2) + "\n")
         write_manifest(tmp, dtype)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a head is read by every user's engines
+        for p in tmp.iterdir():
+            p.chmod(0o644)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
