@@ -40,7 +40,7 @@ MANIFEST = "loadwise-manifest.json"
 BUILD_FORMAT = 2
 BOS_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
-# fp32: measured faster than bf16 on AVX2 CPUs without AVX512-BF16 (see README / closing note).
+# fp32: the reference the runtime settings compare bf16 against (docs/runtime-settings.md).
 DEFAULT_DTYPE = "float32"
 
 
