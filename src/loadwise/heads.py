@@ -14,7 +14,6 @@ renamed into place. No torch here: the conversion goes through safetensors' NumP
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.checksums import check_files, listed_files, sha256_file
 from loadwise.errors import LoadwiseError
 
 SHIPPED_NAME = "eagle3-smollm2-135m-instruct"
@@ -35,18 +35,9 @@ class HeadError(LoadwiseError, RuntimeError):
     pass
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_manifest(directory: Path, dtype: str) -> None:
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
     manifest = {"kind": "loadwise-eagle-head", "dtype": dtype,
-                "files": {p.name: _sha256(p) for p in files}}
+                "files": listed_files(directory, MANIFEST)}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -62,13 +53,7 @@ def verify(directory: Path) -> str | None:
     for name in (WEIGHTS, "config.json"):
         if name not in files:
             return f"the manifest lists no {name}"
-    for name, digest in files.items():
-        p = directory / name
-        if not p.is_file():
-            return f"{name} is missing"
-        if _sha256(p) != digest:
-            return f"{name} does not match its checksum (corrupt or changed)"
-    return None
+    return check_files(directory, files)
 
 
 def _convert(src: Path, dst: Path, dtype: str) -> None:
@@ -136,7 +121,7 @@ def prepare_head(home: Path, shipped: Path | None = None, force: bool = False) -
                         "with `git checkout -- src/loadwise/assets` or train one with "
                         "`loadwise drafter train --out DIR`")
     target = home / "heads" / f"{src.name}-float32"
-    shipped_sha = _sha256(src / MANIFEST)
+    shipped_sha = sha256_file(src / MANIFEST)
     stamp = target / "loadwise-shipped.sha256"
     if (not force and verify(target) is None and stamp.is_file()
             and stamp.read_text().strip() == shipped_sha):

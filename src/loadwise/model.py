@@ -18,7 +18,6 @@ explicitly and checked after the build; a directory from an earlier build format
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.checksums import check_files, listed_files
 from loadwise.config import env as envvars
 from loadwise.errors import LoadwiseError
 from loadwise.provenance import package_version
@@ -80,20 +80,11 @@ class PreparedModel:
     rebuilt: bool
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_manifest(directory: Path) -> None:
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
     manifest = {"model": MODEL_NAME, "dtype": DEFAULT_DTYPE, "build_format": BUILD_FORMAT,
                 "built_with": {pkg: package_version(pkg)
                                for pkg in ("transformers", "gguf", "tokenizers")},
-                "files": {p.name: _sha256(p) for p in files}}
+                "files": listed_files(directory, MANIFEST)}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
@@ -112,13 +103,7 @@ def verify(directory: Path) -> str | None:
     if manifest.get("build_format") != BUILD_FORMAT:
         return (f"built by an earlier loadwise (build format {manifest.get('build_format', 1)}, "
                 f"now {BUILD_FORMAT})")
-    for name, digest in files.items():
-        p = directory / name
-        if not p.is_file():
-            return f"{name} is missing"
-        if _sha256(p) != digest:
-            return f"{name} does not match its checksum"
-    return None
+    return check_files(directory, files)
 
 
 def tokenizer_problem(tokenizer: Any) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 from loadwise import model
+from loadwise.checksums import sha256_file
 from loadwise.model import BOS_TOKEN, BUILD_FORMAT, EOS_TOKEN, tokenizer_problem, verify
 
 
@@ -79,7 +80,7 @@ def _fake_model_dir(tmp_path: Path, build_format: int | None) -> Path:
     d = tmp_path / "m"
     d.mkdir()
     (d / "model.safetensors").write_bytes(b"weights")
-    manifest: dict[str, Any] = {"files": {"model.safetensors": model._sha256(d / "model.safetensors")}}
+    manifest: dict[str, Any] = {"files": {"model.safetensors": sha256_file(d / "model.safetensors")}}
     if build_format is not None:
         manifest["build_format"] = build_format
     (d / model.MANIFEST).write_text(json.dumps(manifest))

@@ -225,29 +225,18 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
 
     use_last = on_cpu() and not envvars.IGNORE_LAST_SETTINGS.flag()
     last = last_measured(loadwise_home(), cpu_info()) if use_last else None
-    sources = []
-    tuned_binding = None if meta is None else profile_binding(meta)
-    tuned_runtime = None if meta is None else profile_runtime(meta)
-    binding: CpuBinding
-    runtime: RuntimeSettings
-    if args.cpu_binding:
-        binding, src = CpuBinding.parse(args.cpu_binding), "--cpu-binding"
-    elif tuned_binding is not None:
-        binding, src = tuned_binding, "the profile"
-    elif last is not None:
-        binding, src = last.settings.binding, "last tune"
-    else:
-        binding, src = CpuBinding(), "vLLM's default"
-    sources.append(f"binding {binding.name} ({src})")
-    if args.runtime:
-        runtime, src = RuntimeSettings.parse(args.runtime), "--runtime"
-    elif tuned_runtime is not None:
-        runtime, src = tuned_runtime, "the profile"
-    elif last is not None:
-        runtime, src = last.settings.runtime, "last tune"
-    else:
-        runtime, src = RuntimeSettings(), "vLLM's default"
-    sources.append(f"runtime {runtime.name} ({src})")
+    last_settings = None if last is None else last.settings
+    binding, b_src = _first_given(
+        ("--cpu-binding", CpuBinding.parse(args.cpu_binding) if args.cpu_binding else None),
+        ("the profile", None if meta is None else profile_binding(meta)),
+        ("last tune", None if last_settings is None else last_settings.binding),
+        ("vLLM's default", CpuBinding()))
+    runtime, r_src = _first_given(
+        ("--runtime", RuntimeSettings.parse(args.runtime) if args.runtime else None),
+        ("the profile", None if meta is None else profile_runtime(meta)),
+        ("last tune", None if last_settings is None else last_settings.runtime),
+        ("vLLM's default", RuntimeSettings()))
+    sources = [f"binding {binding.name} ({b_src})", f"runtime {runtime.name} ({r_src})"]
     line = "settings: " + ", ".join(sources)
     if last is not None and "last tune" in line:
         line += (f"; last tune = what `loadwise tune` measured on this CPU at "
@@ -256,6 +245,11 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
     elif use_last and last is None and args.cpu_binding is None and args.runtime is None:
         line += "; no tune has measured settings on this CPU yet (loadwise tune does)"
     return ServingSettings(binding, runtime), line
+
+
+def _first_given(*sources: tuple[str, Any]) -> tuple[Any, str]:
+    """The first (where, value) whose value is not None: the value and where it came from."""
+    return next((value, where) for where, value in sources if value is not None)
 
 
 @contextmanager
