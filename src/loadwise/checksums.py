@@ -1,10 +1,13 @@
-"""SHA-256 manifests of directories loadwise writes once and verifies on every use (the embedded
-model, the shipped EAGLE head)."""
+"""Directories loadwise writes once and verifies on every use (the embedded model, the shipped
+EAGLE head): their SHA-256 manifests, and the atomic replacement that writes them."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -31,3 +34,18 @@ def check_files(directory: Path, files: Mapping[str, str]) -> str | None:
         if sha256_file(p) != digest:
             return f"{name} does not match its checksum"
     return None
+
+
+@contextmanager
+def replacing_dir(target: Path, prefix: str) -> Iterator[Path]:
+    """A temporary sibling of ``target`` to fill; when the block ends without an error it
+    replaces ``target`` whole, so an interrupted write leaves no half directory behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -15,13 +15,11 @@ renamed into place. No torch here: the conversion goes through safetensors' NumP
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwise.checksums import check_files, listed_files, sha256_file
+from loadwise.checksums import check_files, listed_files, replacing_dir, sha256_file
 from loadwise.errors import LoadwiseError
 
 SHIPPED_NAME = "eagle3-smollm2-135m-instruct"
@@ -77,8 +75,7 @@ def write_head(src: Path, out: Path, dtype: str, record: dict[str, Any] | None =
     if not (src / WEIGHTS).is_file() or not (src / "config.json").is_file():
         raise HeadError(f"{src} is not a head directory (config.json and {WEIGHTS})")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".head-", dir=out.parent))
-    try:
+    with replacing_dir(out, ".head-") as tmp:
         _convert(src / WEIGHTS, tmp / WEIGHTS, dtype)
         cfg = json.loads((src / "config.json").read_text())
         cfg["torch_dtype"] = dtype
@@ -91,13 +88,14 @@ def write_head(src: Path, out: Path, dtype: str, record: dict[str, Any] | None =
         tmp.chmod(0o755)  # mkdtemp makes it private; a head is read by every user's engines
         for p in tmp.iterdir():
             p.chmod(0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def rewrite_record(directory: Path, record: dict[str, Any], dtype: str) -> None:
+    """Replace the training record of the head in ``directory`` (and its manifest entry)."""
+    (directory / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    (directory / RECORD).chmod(0o644)
+    write_manifest(directory, dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwise.checksums import check_files, listed_files
+from loadwise.checksums import check_files, listed_files, replacing_dir
 from loadwise.config import env as envvars
 from loadwise.errors import LoadwiseError
 from loadwise.provenance import package_version
@@ -158,8 +156,7 @@ def _build(target: Path) -> None:
         raise ModelPrepareError(f"weights do not match config: missing={missing} unexpected={unexpected}")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
+    with replacing_dir(target, ".build-") as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         problem = tokenizer_problem(AutoTokenizer.from_pretrained(str(tmp)))
@@ -167,12 +164,6 @@ def _build(target: Path) -> None:
             raise ModelPrepareError(f"the converted tokenizer is wrong ({problem}); built with "
                                     f"transformers {package_version('transformers')}")
         _write_manifest(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare(directory: Path | None = None, force: bool = False) -> PreparedModel:

@@ -194,15 +194,9 @@ def settings_for_profile(args: argparse.Namespace, meta: Mapping[str, Any],
                          what: str) -> ServingSettings:
     """The profile's binding and runtime unless --cpu-binding / --runtime name others; settings
     other than those the profile's step times were measured at are refused."""
-    from loadwise.config.binding import profile_binding
-    from loadwise.config.runtime import profile_runtime
     from loadwise.config.serving import ServingSettingsError, check_profile_settings
 
-    binding = (CpuBinding.parse(args.cpu_binding) if args.cpu_binding
-               else (profile_binding(meta) or CpuBinding()))
-    runtime = (RuntimeSettings.parse(args.runtime) if getattr(args, "runtime", None)
-               else (profile_runtime(meta) or RuntimeSettings()))
-    settings = ServingSettings(binding, runtime)
+    settings, _ = _resolve_settings(args, meta, None)
     try:
         check_profile_settings(meta, settings, what)
     except ServingSettingsError as exc:
@@ -216,27 +210,14 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
     else the profile's, else the last tune's on this CPU, else vLLM's defaults. Returns the
     settings and a line saying where they came from."""
     from loadwise.config import env as envvars
-    from loadwise.config.binding import profile_binding
     from loadwise.config.platform import on_cpu
-    from loadwise.config.runtime import profile_runtime
     from loadwise.config.serving import last_measured
     from loadwise.model import loadwise_home
     from loadwise.provenance import cpu_info
 
     use_last = on_cpu() and not envvars.IGNORE_LAST_SETTINGS.flag()
     last = last_measured(loadwise_home(), cpu_info()) if use_last else None
-    last_settings = None if last is None else last.settings
-    binding, b_src = _first_given(
-        ("--cpu-binding", CpuBinding.parse(args.cpu_binding) if args.cpu_binding else None),
-        ("the profile", None if meta is None else profile_binding(meta)),
-        ("last tune", None if last_settings is None else last_settings.binding),
-        ("vLLM's default", CpuBinding()))
-    runtime, r_src = _first_given(
-        ("--runtime", RuntimeSettings.parse(args.runtime) if args.runtime else None),
-        ("the profile", None if meta is None else profile_runtime(meta)),
-        ("last tune", None if last_settings is None else last_settings.runtime),
-        ("vLLM's default", RuntimeSettings()))
-    sources = [f"binding {binding.name} ({b_src})", f"runtime {runtime.name} ({r_src})"]
+    settings, sources = _resolve_settings(args, meta, None if last is None else last.settings)
     line = "settings: " + ", ".join(sources)
     if last is not None and "last tune" in line:
         line += (f"; last tune = what `loadwise tune` measured on this CPU at "
@@ -244,7 +225,28 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
                  "for vLLM's defaults")
     elif use_last and last is None and args.cpu_binding is None and args.runtime is None:
         line += "; no tune has measured settings on this CPU yet (loadwise tune does)"
-    return ServingSettings(binding, runtime), line
+    return settings, line
+
+
+def _resolve_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None,
+                      last: ServingSettings | None) -> tuple[ServingSettings, list[str]]:
+    """Binding and runtime, each from the first of: its flag, the profile (``meta``), ``last``
+    (the last tune's on this CPU), vLLM's default; and a phrase per setting naming its source."""
+    from loadwise.config.binding import profile_binding
+    from loadwise.config.runtime import profile_runtime
+
+    binding, b_src = _first_given(
+        ("--cpu-binding", CpuBinding.parse(args.cpu_binding) if args.cpu_binding else None),
+        ("the profile", None if meta is None else profile_binding(meta)),
+        ("last tune", None if last is None else last.binding),
+        ("vLLM's default", CpuBinding()))
+    runtime, r_src = _first_given(
+        ("--runtime", RuntimeSettings.parse(args.runtime) if args.runtime else None),
+        ("the profile", None if meta is None else profile_runtime(meta)),
+        ("last tune", None if last is None else last.runtime),
+        ("vLLM's default", RuntimeSettings()))
+    return ServingSettings(binding, runtime), [f"binding {binding.name} ({b_src})",
+                                               f"runtime {runtime.name} ({r_src})"]
 
 
 def _first_given(*sources: tuple[str, Any]) -> tuple[Any, str]:

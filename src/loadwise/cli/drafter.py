@@ -60,7 +60,7 @@ def export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loadwise.drafter.run import held_out_of, read_meta
-    from loadwise.heads import write_head
+    from loadwise.heads import rewrite_record, write_head
 
     src, out = Path(args.head), Path(args.out)
     meta = read_meta(src)
@@ -75,7 +75,7 @@ def export(args: argparse.Namespace) -> int:
     if work.is_dir():
         compact = held_out_of(out, work)
         record["held_out_compact"] = compact
-        write_head(src, out, args.dtype, record)
+        rewrite_record(out, record, args.dtype)
         console.print(f"held-out accuracy per draft step, trained "
                       f"{_rounded(meta['held_out']['step_accuracy_every_label'])}, "
                       f"{args.dtype} {_rounded(compact['step_accuracy_every_label'])}")

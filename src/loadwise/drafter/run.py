@@ -251,6 +251,7 @@ def held_out_of(head_dir: Path, work_dir: Path) -> dict[str, Any]:
     compact copy's rounding included), on the held-out examples and hidden states its training
     cached in ``work_dir``."""
     import torch
+    from safetensors.torch import load_file
 
     from loadwise.drafter import train as T
     from loadwise.drafter.data import read_examples
@@ -272,8 +273,6 @@ def held_out_of(head_dir: Path, work_dir: Path) -> dict[str, Any]:
     tail = "-aux" + "-".join(map(str, aux)) if aux else ""
     hidden = hidden_states(None, examples, work_dir / f"hidden-{data}{tail}", lambda n: None,
                            aux)
-    from safetensors.torch import load_file
-
     target_cfg = json.loads((Path(model) / "config.json").read_text())
     embed = load_file(str(next(Path(model).glob("*.safetensors"))))["model.embed_tokens.weight"]
     head = load_head(head_dir, target_cfg, embed)
