@@ -34,6 +34,7 @@ class FakeEngine:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/health", lambda _: web.Response(status=200))
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
         return app
@@ -67,7 +68,8 @@ Scenario = Callable[[str, FakeEngine, FakeEngine], Awaitable[None]]
 
 
 def run(scenario: Scenario, prefill: FakeEngine | None = None,
-        decode: FakeEngine | None = None) -> tuple[FakeEngine, FakeEngine, dict[str, Any]]:
+        decode: FakeEngine | None = None,
+        proxies: list[DisaggProxy] | None = None) -> tuple[FakeEngine, FakeEngine, dict[str, Any]]:
     p, d = prefill or FakeEngine(), decode or FakeEngine()
     stats: dict[str, Any] = {}
 
@@ -83,6 +85,8 @@ def run(scenario: Scenario, prefill: FakeEngine | None = None,
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             urls.append(f"http://127.0.0.1:{port}")
         proxy = DisaggProxy(urls[0], urls[1], LIMITS, LIMITS)
+        if proxies is not None:
+            proxies.append(proxy)
         runner = web.AppRunner(proxy.app())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -240,3 +244,20 @@ def test_a_decode_stream_that_breaks_off_ends_with_an_error_event() -> None:
 
     _, _, stats = run(scenario, decode=FakeEngine(break_stream=True))
     assert stats["decode_errors"] == 1 and stats["completed"] == 0
+
+
+def test_health_is_503_while_an_engine_restarts_though_both_engines_answer() -> None:
+    proxies: list[DisaggProxy] = []
+
+    async def health(url: str) -> int:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/health") as r:
+            return r.status
+
+    async def scenario(url: str, p: FakeEngine, d: FakeEngine) -> None:
+        assert await health(url) == 200
+        proxies[0].restarting.add("decode")
+        assert await health(url) == 503
+        proxies[0].restarting.discard("decode")
+        assert await health(url) == 200
+
+    run(scenario, proxies=proxies)

@@ -116,6 +116,9 @@ class DisaggProxy:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.counters = ProxyCounters()
         self._session: aiohttp.ClientSession | None = None
+        # Engines being restarted: /health stays 503 until the restart is complete, even once
+        # the new engine itself answers its own /health (set from the restarting thread).
+        self.restarting: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -150,6 +153,8 @@ class DisaggProxy:
                                 content_type="application/json")
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.restarting:
+            return web.Response(status=503, text=f"restarting {', '.join(sorted(self.restarting))}")
         for url in (self.prefill_url, self.decode_url):
             try:
                 async with self.session.get(f"{url}/health") as r:

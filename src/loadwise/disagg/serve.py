@@ -159,12 +159,15 @@ class DisaggServer:
         code = old.proc.returncode if old.proc else None
         logger.warning("loadwise: the %s engine exited (code %s); restarting it. Its last "
                        "lines:\n%s", name, code, old.log_tail(10))
+        restarting = self.proxy.restarting if self.proxy else set()
+        restarting.add(name)
         old.stop()
         new = ServerProcess(old.spec, host=old.host, port=old.port, echo=old.echo,
                             log_path=old.log_path)
         self.engines[name] = new
         new.start(self.start_timeout_s)
         logger.warning("loadwise: the %s engine is serving again", name)
+        restarting.discard(name)
 
     def run(self, on_ready: object = None) -> str | None:
         """Serve in this thread; None when stopped by Ctrl-C/SIGTERM, else the dead engine."""
