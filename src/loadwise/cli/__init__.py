@@ -17,6 +17,7 @@ from loadwise.cli import (
     invariance,
     kv,
     model,
+    quant,
     report,
     serve,
     status,
@@ -25,7 +26,7 @@ from loadwise.cli import (
 from loadwise.cli.common import err
 from loadwise.errors import LoadwiseError
 
-COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, drafter, demo)
+COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, drafter, quant, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

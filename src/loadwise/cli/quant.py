@@ -1,0 +1,89 @@
+"""`loadwise quant eval`: one quantization method and format, scored by perplexity."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from loadwise.cli.common import UsageError, console, print_provenance
+from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, KINDS, METHODS
+
+
+def _group(value: str) -> int | None:
+    if value == "channel":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--group-size takes a positive integer or 'channel', "
+                                         f"got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--group-size must be positive, got {n}")
+    return n
+
+
+def add_parser(sub: Any) -> None:
+    quant = sub.add_parser("quant", help="quantization methods scored by perplexity (simulated "
+                                         "formats on the float32 model)")
+    quant_sub = quant.add_subparsers(dest="quant_command", required=True, metavar="ACTION")
+    p = quant_sub.add_parser("eval", help="quantize the model with one method and format and "
+                                          "measure perplexity (PTB test, or --text FILE)")
+    p.add_argument("--method", default="rtn", choices=METHODS,
+                   help="fp32 is the reference; smoothquant and gptq calibrate on PTB train")
+    p.add_argument("--format", default="int", choices=KINDS,
+                   help="number format for weights, activations and KV (mxfp4/nvfp4: 4 bits, "
+                        "their own groups of 32/16)")
+    p.add_argument("--w-bits", type=int, default=4, help="weight bits (16: not quantized)")
+    p.add_argument("--a-bits", type=int, default=4,
+                   help="activation bits, per token, dynamic (16: not quantized)")
+    p.add_argument("--kv-bits", type=int, default=16,
+                   help="KV cache bits, per token and head (16: not quantized)")
+    p.add_argument("--group-size", type=_group, default=None,
+                   help="int weights: group size along the input dimension, or 'channel' (one "
+                        "scale per output channel; the default)")
+    p.add_argument("--asym-weights", action="store_true",
+                   help="int weights on a min-max grid (GGUF Q4_1's) instead of a symmetric one")
+    p.add_argument("--text", help="score this UTF-8 text file instead of PTB's test split")
+    p.add_argument("--max-windows", type=int, default=None,
+                   help="score this many 2048-token windows spread over the text (default all)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help=f"SmoothQuant's alpha (default: chosen on {ALPHA_WINDOWS} PTB valid "
+                        "windows)")
+    p.add_argument("--calib-segments", type=int, default=CALIB_SEGMENTS,
+                   help="PTB train segments of 2048 tokens for smoothquant and gptq")
+    p.add_argument("--model", help="model directory (default: the embedded model)")
+    p.add_argument("--out", help="write the record (JSON, with the machine) here")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from loadwise.model import prepare
+    from loadwise.provenance import provenance
+    from loadwise.quant.run import PTB_TEST, EvalConfig, Session
+    from loadwise.quant.spec import QuantSpec
+
+    made_by = provenance()
+    spec = QuantSpec.build(args.format, args.w_bits, args.a_bits, args.kv_bits,
+                           args.group_size, args.asym_weights)
+    if args.text and not Path(args.text).is_file():
+        raise UsageError(f"--text {args.text}: no such file")
+    cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
+                     calib_segments=args.calib_segments)
+    model_dir = Path(args.model) if args.model else prepare().path
+    console.print(f"{args.method} {spec.name} on {cfg.text} …")
+    session = Session(model_dir)
+    record = session.evaluate(cfg)
+    p = record.perplexity
+    lo, hi = p.ci95
+    console.print(f"perplexity {p.ppl:.3f} (95 % CI {lo:.3f}–{hi:.3f}, "
+                  f"{len(p.window_nll)} windows of {p.window_tokens} tokens)"
+                  + (f", SmoothQuant alpha {record.alpha:g}" if record.alpha is not None else "")
+                  + f"; prepared in {record.prepare_s:.1f} s, scored in {record.eval_s:.1f} s")
+    print_provenance(made_by)
+    if args.out:
+        Path(args.out).write_text(json.dumps({**made_by, "model": str(model_dir),
+                                             **record.to_json()}, indent=1))
+        console.print(f"wrote {args.out}")
+    return 0

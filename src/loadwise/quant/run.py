@@ -1,0 +1,126 @@
+"""One quantization evaluation: a method and a spec, perplexity on a text. A ``Session`` keeps
+the float32 model, the tokenized texts and the calibration segments between evaluations (each
+method starts from a fresh copy of the float32 model).
+
+Data: calibration segments come from PTB's train split; SmoothQuant's α is chosen on PTB's
+valid split (``alpha_windows`` windows); perplexity is reported on PTB's test split or a text
+file no calibration or choice saw."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loadwise.quant import data, llama, methods, ppl
+from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
+from loadwise.quant.methods import MethodConfig
+from loadwise.quant.ppl import Perplexity
+from loadwise.quant.spec import QuantSpec
+
+PTB_TEST = "ptb"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    method: str
+    spec: QuantSpec
+    text: str = PTB_TEST  # "ptb" (its test split) or a file's path
+    max_windows: int | None = None  # None: every 2048-token window of the text
+    alpha: float | None = None  # SmoothQuant's α; None: searched on PTB valid
+    alpha_windows: int = ALPHA_WINDOWS
+    calib_segments: int = CALIB_SEGMENTS
+    calib_tokens: int = CALIB_TOKENS
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "spec": self.spec.to_json(), "text": self.text,
+                "max_windows": self.max_windows, "alpha": self.alpha,
+                "alpha_windows": self.alpha_windows, "calib_segments": self.calib_segments,
+                "calib_tokens": self.calib_tokens, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    config: EvalConfig
+    perplexity: Perplexity
+    alpha: float | None  # the α used (SmoothQuant)
+    alpha_search: dict[str, float] = field(default_factory=dict)  # α -> PTB valid perplexity
+    prepare_s: float = 0.0
+    eval_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_json(), "perplexity": self.perplexity.to_json(),
+                "alpha": self.alpha, "alpha_search": self.alpha_search,
+                "prepare_s": self.prepare_s, "eval_s": self.eval_s}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvalRecord:
+        c = d["config"]
+        cfg = EvalConfig(c["method"], QuantSpec.from_json(c["spec"]), c["text"],
+                         c["max_windows"], c["alpha"], c["alpha_windows"], c["calib_segments"],
+                         c["calib_tokens"], c["seed"])
+        return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
+                   d["prepare_s"], d["eval_s"])
+
+
+Progress = Callable[[str, int, int], None]
+
+
+class Session:
+    def __init__(self, model_dir: Path, progress: Progress | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_dir = model_dir
+        self.base = llama.load(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.progress = progress
+        self._ids: dict[str, torch.Tensor] = {}
+        self._calib: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def ids(self, text: str) -> torch.Tensor:
+        """``text``: ``ptb`` (test), ``ptb:<split>`` or a file path."""
+        if text not in self._ids:
+            if text == PTB_TEST:
+                raw = data.ptb("test")
+            elif text.startswith("ptb:"):
+                raw = data.ptb(text.removeprefix("ptb:"))
+            else:
+                raw = data.text_file(Path(text))
+            self._ids[text] = data.tokens(self.tokenizer, raw)
+        return self._ids[text]
+
+    def calibration(self, cfg: EvalConfig) -> torch.Tensor:
+        key = (cfg.calib_segments, cfg.calib_tokens, cfg.seed)
+        if key not in self._calib:
+            self._calib[key] = data.calibration_segments(self.ids("ptb:train"), *key)
+        return self._calib[key]
+
+    def quantized(self, cfg: EvalConfig, alpha: float) -> Any:
+        return methods.apply(copy.deepcopy(self.base), MethodConfig(cfg.method, alpha, cfg.seed),
+                             cfg.spec, lambda: self.calibration(cfg), self.progress)
+
+    def choose_alpha(self, cfg: EvalConfig) -> tuple[float, dict[str, float]]:
+        wins = ppl.windows(self.ids("ptb:valid"), max_windows=cfg.alpha_windows)
+        search = {f"{a:g}": ppl.perplexity(self.quantized(cfg, a), wins).ppl
+                  for a in SMOOTH_ALPHAS}
+        best = min(search, key=lambda a: search[a])
+        return float(best), search
+
+    def evaluate(self, cfg: EvalConfig) -> EvalRecord:
+        t0 = time.perf_counter()
+        alpha, search = (cfg.alpha or 0.5), {}
+        if cfg.method == "smoothquant" and cfg.alpha is None:
+            alpha, search = self.choose_alpha(cfg)
+        model = self.quantized(cfg, alpha)
+        t1 = time.perf_counter()
+        wins = ppl.windows(self.ids(cfg.text), max_windows=cfg.max_windows)
+        step = (lambda i, n: self.progress("windows", i, n)) if self.progress else None
+        result = ppl.perplexity(model, wins, step)
+        return EvalRecord(cfg, result, alpha if cfg.method == "smoothquant" else None, search,
+                          t1 - t0, time.perf_counter() - t1)
