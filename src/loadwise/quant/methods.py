@@ -11,6 +11,7 @@ import torch
 
 from loadwise.errors import LoadwiseError
 from loadwise.quant import rotation, smoothing, weights
+from loadwise.quant.formats import QuantFormat
 from loadwise.quant.sim import simulate
 from loadwise.quant.spec import QuantSpec
 
@@ -34,33 +35,45 @@ class MethodConfig:
             raise MethodError(f"SmoothQuant's alpha is in [0, 1], got {self.smooth_alpha}")
 
 
-def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
-          calibration: Callable[[], torch.Tensor] | None = None,
-          progress: Callable[[str, int, int], None] | None = None) -> Any:
-    """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned).
-    ``calibration`` yields the calibration segments ``[n, tokens]`` for the calibrated methods."""
+def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+            calibration: Callable[[], torch.Tensor] | None = None,
+            progress: Callable[[str, int, int], None] | None = None,
+            ) -> dict[str, torch.Tensor]:
+    """The method's transform and quantized weights, in place (activations untouched); returns
+    the online input rotations ``simulate`` needs. ``calibration`` yields the calibration
+    segments ``[n, tokens]`` for the calibrated methods."""
     def step(what: str) -> Callable[[int, int], None] | None:
         return (lambda i, n: progress(what, i, n)) if progress else None
 
     if cfg.method == "fp32":
-        return model  # the reference: nothing quantized
+        return {}  # the reference: nothing quantized
     if cfg.method in CALIBRATED and calibration is None:
         raise MethodError(f"{cfg.method} needs calibration text")
-    if cfg.method in ("dualquant", "gptq") and spec.weights is None:
+    if cfg.method in ("dualquant", "gptq") and w_fmt is None:
         raise MethodError(f"{cfg.method} solves for the weights' format: give --w-bits < 16")
     rotate_in: dict[str, torch.Tensor] = {}
     if cfg.method == "smoothquant":
         assert calibration is not None
         smoothing.smoothquant(model, calibration(), cfg.smooth_alpha)
     elif cfg.method == "dualquant":
-        assert spec.weights is not None
-        smoothing.dualquant(model, spec.weights, step("dualquant scales"))
+        assert w_fmt is not None
+        smoothing.dualquant(model, w_fmt, step("dualquant scales"))
     elif cfg.method == "rotation":
         rotate_in = rotation.rotate(model, cfg.seed)
-    if spec.weights is not None:
+    if w_fmt is not None:
         if cfg.method == "gptq":
             assert calibration is not None
-            weights.gptq(model, spec.weights, calibration(), step("gptq layers"))
+            weights.gptq(model, w_fmt, calibration(), step("gptq layers"))
         else:
-            weights.rtn(model, spec.weights)
+            weights.rtn(model, w_fmt)
+    return rotate_in
+
+
+def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
+          calibration: Callable[[], torch.Tensor] | None = None,
+          progress: Callable[[str, int, int], None] | None = None) -> Any:
+    """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned)."""
+    if cfg.method == "fp32":
+        return model
+    rotate_in = prepare(model, cfg, spec.weights, calibration, progress)
     return simulate(model, spec, rotate_in)

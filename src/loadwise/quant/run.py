@@ -21,6 +21,7 @@ from loadwise.quant import data, llama, methods, ppl
 from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
 from loadwise.quant.methods import MethodConfig
 from loadwise.quant.ppl import Perplexity
+from loadwise.quant.sim import simulate
 from loadwise.quant.spec import QuantSpec
 
 PTB_TEST = "ptb"
@@ -82,6 +83,9 @@ class Session:
         self.progress = progress
         self._ids: dict[str, torch.Tensor] = {}
         self._calib: dict[tuple[int, int, int], torch.Tensor] = {}
+        # Weights as prepared by a method (GPTQ's take minutes): reused by every spec that
+        # quantizes the weights the same way (W4A4 and W4A4KV4, another text).
+        self._prepared: dict[tuple[Any, ...], tuple[Any, dict[str, torch.Tensor]]] = {}
 
     def ids(self, text: str) -> torch.Tensor:
         """``text``: ``ptb`` (test), ``ptb:<split>`` or a file path."""
@@ -101,13 +105,32 @@ class Session:
             self._calib[key] = data.calibration_segments(self.ids("ptb:train"), *key)
         return self._calib[key]
 
-    def quantized(self, cfg: EvalConfig, alpha: float) -> Any:
-        return methods.apply(copy.deepcopy(self.base), MethodConfig(cfg.method, alpha, cfg.seed),
-                             cfg.spec, lambda: self.calibration(cfg), self.progress)
+    def quantized(self, cfg: EvalConfig, alpha: float, keep: bool = True) -> Any:
+        """The model ``cfg`` describes; ``keep``: remember its weights for the next spec that
+        quantizes them the same way."""
+        if cfg.method == "fp32":
+            return self.base
+        key = (cfg.method, cfg.spec.weights, alpha, cfg.seed, cfg.calib_segments,
+               cfg.calib_tokens)
+        if key in self._prepared:
+            model, rotate_in = self._prepared[key]
+            return simulate(copy.deepcopy(model), cfg.spec, rotate_in)
+        model = copy.deepcopy(self.base)
+        rotate_in = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed),
+                                    cfg.spec.weights, lambda: self.calibration(cfg),
+                                    self.progress)
+        if keep:
+            self._prepared[key] = (model, rotate_in)
+            model = copy.deepcopy(model)
+        return simulate(model, cfg.spec, rotate_in)
+
+    def forget(self) -> None:
+        """Drop the prepared weights (memory: one float32 model each)."""
+        self._prepared.clear()
 
     def choose_alpha(self, cfg: EvalConfig) -> tuple[float, dict[str, float]]:
         wins = ppl.windows(self.ids("ptb:valid"), max_windows=cfg.alpha_windows)
-        search = {f"{a:g}": ppl.perplexity(self.quantized(cfg, a), wins).ppl
+        search = {f"{a:g}": ppl.perplexity(self.quantized(cfg, a, keep=False), wins).ppl
                   for a in SMOOTH_ALPHAS}
         best = min(search, key=lambda a: search[a])
         return float(best), search
