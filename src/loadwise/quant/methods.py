@@ -11,11 +11,10 @@ import torch
 
 from loadwise.errors import LoadwiseError
 from loadwise.quant import rotation, smoothing, weights
+from loadwise.quant.catalog import CALIBRATED, METHODS
 from loadwise.quant.formats import QuantFormat
 from loadwise.quant.sim import simulate
 from loadwise.quant.spec import QuantSpec
-
-from loadwise.quant.catalog import CALIBRATED, METHODS
 
 
 class MethodError(LoadwiseError, ValueError):

@@ -21,7 +21,8 @@ from loadwise.quant.llama import Shape, consumers, layers
 
 def random_orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
     q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    return (q * torch.sign(torch.diagonal(r))[None, :]).float()
+    out: torch.Tensor = (q * torch.sign(torch.diagonal(r))[None, :]).float()
+    return out
 
 
 @torch.no_grad()

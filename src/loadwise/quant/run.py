@@ -137,13 +137,15 @@ class Session:
 
     def evaluate(self, cfg: EvalConfig) -> EvalRecord:
         t0 = time.perf_counter()
-        alpha, search = (cfg.alpha or 0.5), {}
+        alpha = cfg.alpha if cfg.alpha is not None else 0.5
+        search: dict[str, float] = {}
         if cfg.method == "smoothquant" and cfg.alpha is None:
             alpha, search = self.choose_alpha(cfg)
         model = self.quantized(cfg, alpha)
         t1 = time.perf_counter()
         wins = ppl.windows(self.ids(cfg.text), max_windows=cfg.max_windows)
-        step = (lambda i, n: self.progress("windows", i, n)) if self.progress else None
+        progress = self.progress
+        step = (lambda i, n: progress("windows", i, n)) if progress else None
         result = ppl.perplexity(model, wins, step)
         return EvalRecord(cfg, result, alpha if cfg.method == "smoothquant" else None, search,
                           t1 - t0, time.perf_counter() - t1)

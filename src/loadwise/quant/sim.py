@@ -11,11 +11,13 @@ from torch import nn
 
 from loadwise.quant import formats
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.llama import linears, layers
+from loadwise.quant.llama import layers, linears
 from loadwise.quant.spec import QuantSpec
 
 
 class SimLinear(nn.Module):
+    rotate_in: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, act: QuantFormat | None, out: QuantFormat | None,
                  rotate_in: torch.Tensor | None = None) -> None:
         super().__init__()

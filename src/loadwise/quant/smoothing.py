@@ -19,8 +19,15 @@ from typing import Any
 import torch
 
 from loadwise.quant.formats import QuantFormat, fit, grouped, quantize, quantize_given
-from loadwise.quant.llama import INPUTS, Shape, consumer_weight, consumers, fold_scales, layers
-from loadwise.quant.llama import o_in_to_kv
+from loadwise.quant.llama import (
+    INPUTS,
+    Shape,
+    consumer_weight,
+    consumers,
+    fold_scales,
+    layers,
+    o_in_to_kv,
+)
 
 DUAL_ALPHAS = tuple(a / 10 for a in range(11))
 DUAL_FACTORS = tuple(2.0 ** (k / 4) for k in range(-4, 5))

@@ -102,7 +102,8 @@ def gptq(model: Any, fmt: QuantFormat, samples: torch.Tensor,
         sums = {name: torch.zeros(lin.in_features, lin.in_features) for name, lin in lins.items()}
         counts = dict.fromkeys(lins, 0)
 
-        def hook(name: str) -> Callable[..., None]:
+        def hook(name: str, sums: dict[str, torch.Tensor] = sums,
+                 counts: dict[str, int] = counts) -> Callable[..., None]:
             def accumulate(_: Any, args: tuple[torch.Tensor, ...]) -> None:
                 x = args[0].reshape(-1, args[0].shape[-1]).float()
                 sums[name].add_(x.T @ x)

@@ -1,0 +1,176 @@
+"""The methods on a tiny random Llama (and the embedded model's weights where a test says so):
+every transform keeps the function the model computes, each solver does what it claims on its
+own objective, and `loadwise quant eval` runs end to end and writes its record."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from loadwise.quant import formats, llama, methods, rotation, smoothing, weights
+from loadwise.quant.formats import QuantFormat
+from loadwise.quant.methods import MethodConfig, MethodError
+from loadwise.quant.sim import simulate
+from loadwise.quant.spec import QuantSpec
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def tiny() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms and columns far from uniform, as in trained models
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.uniform_(0.2, 3.0)
+            layer.post_attention_layernorm.weight.uniform_(0.2, 3.0)
+            layer.mlp.down_proj.weight.mul_(torch.rand(128) * 4)
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.clone())
+    return model
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+IDS = torch.randint(0, VOCAB, (1, 48), generator=torch.Generator().manual_seed(1))
+CALIB = torch.randint(0, VOCAB, (4, 32), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("transform", ["dualquant", "smoothquant", "rotation"])
+def test_each_transform_keeps_the_models_function(tiny: torch.nn.Module, transform: str) -> None:
+    ref = logits(tiny, IDS)
+    m = copy.deepcopy(tiny)
+    rotate_in = {}
+    if transform == "dualquant":
+        smoothing.dualquant(m, QuantFormat("int"))
+    elif transform == "smoothquant":
+        smoothing.smoothquant(m, CALIB, 0.5)
+    else:
+        rotate_in = rotation.rotate(m, seed=3)
+    out = logits(simulate(m, QuantSpec(None), rotate_in), IDS)
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
+    # ...and the transform did change the weights (a no-op would pass the check above).
+    changed = [not torch.equal(a.weight, b.weight)
+               for (_, a), (_, b) in zip(llama.all_linears(m), llama.all_linears(tiny),
+                                         strict=True)]
+    assert any(changed)
+
+
+def test_a_wrong_fold_is_caught_by_the_equivalence_check(tiny: torch.nn.Module) -> None:
+    m = copy.deepcopy(tiny)
+    s = torch.linspace(0.5, 2.0, 128)
+    with torch.no_grad():  # scale down_proj's columns without up_proj's rows: not a fold
+        m.model.layers[0].mlp.down_proj.weight.mul_(s[None, :])
+    assert not torch.allclose(logits(m, IDS), logits(tiny, IDS), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["int4-channel", "int4-g16", "mxfp4", "nvfp4"])
+def test_dualquant_scales_never_reconstruct_worse_than_no_scales(name: str) -> None:
+    torch.manual_seed(4)
+    w = torch.randn(48, 64) * (torch.rand(64) * 5)[None, :]
+    fmt = QuantFormat.parse(name)
+    s = smoothing.dualquant_scales(w, fmt)
+    assert smoothing.reconstruction_error(w, s, fmt) <= \
+        smoothing.reconstruction_error(w, torch.ones(64), fmt)
+    assert smoothing.reconstruction_error(w, s, fmt) < \
+        smoothing.reconstruction_error(w, torch.ones(64), fmt) * 0.99 or name == "nvfp4"
+
+
+@pytest.mark.parametrize("name", ["int4-channel", "int4-g16", "mxfp4"])
+def test_gptq_has_lower_output_error_than_rounding(name: str) -> None:
+    torch.manual_seed(5)
+    x = torch.randn(512, 64) @ torch.randn(64, 64)  # correlated inputs: where GPTQ pays
+    w = torch.randn(32, 64)
+    fmt = QuantFormat.parse(name)
+    q = weights.gptq_matrix(w, 2 * x.T @ x / x.shape[0], fmt)
+    r = formats.quantize(w, fmt)
+    if fmt.kind == "int" and fmt.group is None:  # every row on a 16-value grid
+        assert all(len(torch.unique(row)) <= 16 for row in q)
+    assert ((x @ (q - w).T) ** 2).sum() < ((x @ (r - w).T) ** 2).sum()
+
+
+def test_gptq_over_the_model_quantizes_every_linear(tiny: torch.nn.Module) -> None:
+    m = copy.deepcopy(tiny)
+    fmt = QuantFormat.parse("int4-channel")
+    weights.gptq(m, fmt, CALIB)
+    for _, lin in llama.all_linears(m):
+        assert len(torch.unique(lin.weight[0])) <= 16
+
+
+def test_methods_refuse_what_they_cannot_do(tiny: torch.nn.Module) -> None:
+    with pytest.raises(MethodError, match="unknown method"):
+        MethodConfig("awq")
+    with pytest.raises(MethodError, match="calibration"):
+        methods.apply(copy.deepcopy(tiny), MethodConfig("gptq"), QuantSpec.build("int", 4, 16, 16,
+                                                                                 None))
+    with pytest.raises(MethodError, match="w-bits"):
+        methods.apply(copy.deepcopy(tiny), MethodConfig("dualquant"),
+                      QuantSpec.build("int", 16, 4, 16, None))
+
+
+def test_kv_quantization_changes_only_k_and_v_outputs(tiny: torch.nn.Module) -> None:
+    spec = QuantSpec.build("int", 16, 16, 2, None, kv_group_size=16)
+    m = simulate(copy.deepcopy(tiny), spec)
+    attn = m.model.layers[0].self_attn
+    assert attn.k_proj.out == spec.kv and attn.v_proj.out == spec.kv and attn.q_proj.out is None
+    assert not torch.allclose(logits(m, IDS), logits(tiny, IDS))
+
+
+def test_embedded_q4_1_weights_survive_an_asymmetric_grid_over_groups_of_32() -> None:
+    """The embedded model's linears are GGUF Q4_1 dequantized: a 4-bit min-max grid over the
+    same aligned groups of 32 reproduces them exactly, per channel it does not."""
+    from loadwise.model import default_model_dir, verify
+
+    model_dir = default_model_dir()
+    if verify(model_dir) is not None:
+        pytest.skip("the embedded model is not prepared (loadwise model prepare)")
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    name = "model.layers.3.mlp.down_proj.weight"
+    w = tensors[name]
+    assert torch.equal(formats.quantize(w, QuantFormat.parse("int4-g32-asym")), w)
+    assert not torch.equal(formats.quantize(w, QuantFormat.parse("int4-channel-asym")), w)
+
+
+def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path: Path) -> None:
+    from loadwise.cli import main
+    from loadwise.model import default_model_dir, verify
+
+    if verify(default_model_dir()) is not None:
+        pytest.skip("needs the embedded model's tokenizer (loadwise model prepare)")
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    model_dir = tmp_path / "tiny"
+    big = copy.deepcopy(tiny)
+    big.resize_token_embeddings(len(tok))
+    big.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 600))
+    out = tmp_path / "rec.json"
+    rc = main(["quant", "eval", "--model", str(model_dir), "--method", "gptq", "--format", "int",
+               "--group-size", "16", "--text", str(text), "--max-windows", "1",
+               "--calib-segments", "2", "--out", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["machine"]["isa"] and rec["config"]["method"] == "gptq"
+    assert len(rec["perplexity"]["window_nll"]) == 1 and rec["perplexity"]["ppl"] > 1
+    shutil.rmtree(model_dir)
