@@ -99,8 +99,16 @@ def test_fp4_kinds_refuse_other_bits_and_groups() -> None:
         QuantSpec.build("mxfp4", 8, 16, 16, None)
     with pytest.raises(FormatError, match="own groups"):
         QuantSpec.build("nvfp4", 4, 4, 16, 128)
-    with pytest.raises(FormatError, match="does not split"):
+    with pytest.raises(FormatError, match="multiple of 32"):
         quantize(torch.zeros(1, 40), QuantFormat("mxfp4"))
+
+
+def test_an_int_group_that_does_not_divide_the_row_leaves_a_shorter_last_group() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 576)
+    q = quantize(x, QuantFormat.parse("int4-g128"))
+    assert torch.equal(q[:, :512], quantize(x[:, :512], QuantFormat.parse("int4-g128")))
+    assert torch.equal(q[:, 512:], quantize(x[:, 512:], QuantFormat.parse("int4-channel")))
 
 
 def test_spec_json_round_trip() -> None:

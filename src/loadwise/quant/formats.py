@@ -102,6 +102,15 @@ def grouped(x: torch.Tensor, group: int | None) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], k // g, g)
 
 
+def split_groups(k: int, group: int | None) -> list[tuple[int, int, int]]:
+    """``(start, end, group)`` spans covering ``k`` columns: whole groups of ``group`` and, when
+    ``group`` does not divide ``k``, a last shorter group (as GPTQ groups columns by index)."""
+    g = k if group is None else group
+    full = (k // g) * g
+    spans = [(0, full, g)] if full else []
+    return spans + ([(full, k, k - full)] if full < k else [])
+
+
 @dataclass(frozen=True)
 class GroupParams:
     scale: torch.Tensor  # [..., num_groups, 1]
@@ -149,9 +158,24 @@ def quantize_given(xg: torch.Tensor, fmt: QuantFormat, p: GroupParams) -> torch.
     return round_e2m1(xg / p.scale) * p.scale
 
 
+def quantize_fitted(x: torch.Tensor, fmt: QuantFormat, ref: torch.Tensor) -> torch.Tensor:
+    """``x`` on the grid whose parameters are fitted to ``ref`` (same shape), group by group
+    along the last dimension; an int format's last group may be shorter."""
+    if fmt.kind != "int" and x.shape[-1] % (fmt.group or 1):
+        raise FormatError(f"{fmt.kind} needs a last dimension that is a multiple of "
+                          f"{fmt.group}, got {x.shape[-1]}")
+    x, ref = x.float(), ref.float()
+    t_amax = ref.abs().amax() if fmt.kind == "nvfp4" else None
+    parts = []
+    for a, b, g in split_groups(x.shape[-1], fmt.group):
+        rg = grouped(ref[..., a:b], g)
+        parts.append(quantize_given(grouped(x[..., a:b], g), fmt, fit(rg, fmt, t_amax))
+                     .reshape(*x.shape[:-1], b - a))
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
 def quantize(x: torch.Tensor, fmt: QuantFormat | None) -> torch.Tensor:
     """``x`` quantize-dequantized along its last dimension (``None``: unchanged)."""
     if fmt is None:
         return x
-    xg = grouped(x.float(), fmt.group)
-    return quantize_given(xg, fmt, fit(xg, fmt)).reshape(x.shape).to(x.dtype)
+    return quantize_fitted(x, fmt, x).to(x.dtype)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from loadwise.quant.formats import QuantFormat, fit, grouped, quantize, quantize_given
+from loadwise.quant.formats import QuantFormat, quantize, quantize_fitted
 from loadwise.quant.llama import (
     INPUTS,
     Shape,
@@ -107,10 +107,9 @@ def dualquant_scales(w: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     factors = torch.tensor(DUAL_FACTORS)
     for _ in range(DUAL_ROUNDS):
         ws = w * best_s
-        params = fit(grouped(ws, fmt.group), fmt)
         errs = []
         for f in factors:
-            q = quantize_given(grouped(ws * f, fmt.group), fmt, params).reshape(w.shape)
+            q = quantize_fitted(ws * f, fmt, ws)
             errs.append(((q / (best_s * f) - w) ** 2).sum(dim=0))
         pick = torch.stack(errs).argmin(dim=0)
         s = _geo_normalized(best_s * factors[pick])
