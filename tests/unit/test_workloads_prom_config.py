@@ -142,3 +142,19 @@ def test_table_arg_file_or_inline(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="does not exist"):
         parse_table_arg(str(tmp_path / "missing.json"), 2)
     assert parse_table_arg(None, 2) is None
+
+
+def test_a_w4a16_checkpoint_in_float32_is_refused_with_the_fix(tmp_path: Path) -> None:
+    from loadwise.config.runtime import RuntimeSettings
+
+    (tmp_path / "config.json").write_text(
+        '{"quantization_config": {"quant_method": "compressed-tensors", '
+        '"format": "pack-quantized"}}')
+    with pytest.raises(EngineConfigError, match="--runtime bf16"):
+        EngineSpec(model=str(tmp_path))
+    assert EngineSpec(model=str(tmp_path), runtime=RuntimeSettings.parse("bf16")).dtype == \
+        "bfloat16"
+    (tmp_path / "config.json").write_text(
+        '{"quantization_config": {"quant_method": "compressed-tensors", '
+        '"format": "int-quantized"}}')
+    EngineSpec(model=str(tmp_path))  # W8A8 runs in float32

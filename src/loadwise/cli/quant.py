@@ -94,8 +94,9 @@ def run_eval(args: argparse.Namespace) -> int:
                      calib_segments=args.calib_segments)
     model_dir = Path(args.model) if args.model else prepare().path
     console.print(f"{args.method} {spec.name} on {cfg.text} …")
-    session = Session(model_dir)
-    record = session.evaluate(cfg)
+    with console.status("loading the model") as status:
+        session = Session(model_dir, lambda what, i, n: status.update(f"{what} {i}/{n}"))
+        record = session.evaluate(cfg)
     p = record.perplexity
     lo, hi = p.ci95
     console.print(f"perplexity {p.ppl:.3f} (95 % CI {lo:.3f}–{hi:.3f}, "

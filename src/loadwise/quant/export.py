@@ -94,7 +94,9 @@ def integer_weights(w: torch.Tensor, fmt: QuantFormat) -> tuple[torch.Tensor, to
 
 def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
     """Write the quantized checkpoint to ``out`` (replaced whole, atomically)."""
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.compressors.pack_quantized.helpers import (  # type: ignore[import-untyped]
+        pack_to_int32,
+    )
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
