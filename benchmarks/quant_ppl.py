@@ -66,8 +66,8 @@ def outliers(session: Session, alpha: float) -> dict[str, Any]:
     for name in ("fp32", "smoothquant", "dualquant"):
         model = copy.deepcopy(session.base)
         if name == "smoothquant":
-            smoothing.smoothquant(model, session.calibration(EvalConfig("smoothquant",
-                                                                        QuantSpec(None))), alpha)
+            calibration = session.calibration(EvalConfig("smoothquant", QuantSpec(None)))
+            smoothing.smoothquant(model, calibration.absmax(session.base), alpha)
         elif name == "dualquant":
             smoothing.dualquant(model, QuantFormat("int"))
         stats = smoothing.activation_absmax(model, samples)[OUTLIER_LAYER]

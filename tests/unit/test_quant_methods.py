@@ -56,7 +56,7 @@ def test_each_transform_keeps_the_models_function(tiny: torch.nn.Module, transfo
     if transform == "dualquant":
         smoothing.dualquant(m, QuantFormat("int"))
     elif transform == "smoothquant":
-        smoothing.smoothquant(m, CALIB, 0.5)
+        smoothing.smoothquant(m, smoothing.activation_absmax(m, CALIB), 0.5)
     else:
         rotate_in = rotation.rotate(m, seed=3)
     out = logits(simulate(m, QuantSpec(None), rotate_in), IDS)

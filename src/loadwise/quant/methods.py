@@ -11,6 +11,7 @@ import torch
 
 from loadwise.errors import LoadwiseError
 from loadwise.quant import rotation, smoothing, weights
+from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import CALIBRATED, METHODS
 from loadwise.quant.formats import QuantFormat
 from loadwise.quant.sim import simulate
@@ -35,12 +36,12 @@ class MethodConfig:
 
 
 def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
-            calibration: Callable[[], torch.Tensor] | None = None,
+            calibration: Calibration | None = None,
             progress: Callable[[str, int, int], None] | None = None,
             ) -> dict[str, torch.Tensor]:
     """The method's transform and quantized weights, in place (activations untouched); returns
-    the online input rotations ``simulate`` needs. ``calibration`` yields the calibration
-    segments ``[n, tokens]`` for the calibrated methods."""
+    the online input rotations ``simulate`` needs. ``calibration``: the calibrated methods'
+    samples (and activation statistics, taken on ``model`` as given: the float32 model)."""
     def step(what: str) -> Callable[[int, int], None] | None:
         return (lambda i, n: progress(what, i, n)) if progress else None
 
@@ -53,7 +54,7 @@ def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
     rotate_in: dict[str, torch.Tensor] = {}
     if cfg.method == "smoothquant":
         assert calibration is not None
-        smoothing.smoothquant(model, calibration(), cfg.smooth_alpha)
+        smoothing.smoothquant(model, calibration.absmax(model), cfg.smooth_alpha)
     elif cfg.method == "dualquant":
         assert w_fmt is not None
         smoothing.dualquant(model, w_fmt, step("dualquant scales"))
@@ -62,14 +63,14 @@ def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
     if w_fmt is not None:
         if cfg.method == "gptq":
             assert calibration is not None
-            weights.gptq(model, w_fmt, calibration(), step("gptq layers"))
+            weights.gptq(model, w_fmt, calibration.samples(), step("gptq layers"))
         else:
             weights.rtn(model, w_fmt)
     return rotate_in
 
 
 def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
-          calibration: Callable[[], torch.Tensor] | None = None,
+          calibration: Calibration | None = None,
           progress: Callable[[str, int, int], None] | None = None) -> Any:
     """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned)."""
     if cfg.method == "fp32":

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from loadwise.quant import data, llama, methods, ppl
+from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
 from loadwise.quant.methods import MethodConfig
 from loadwise.quant.ppl import Perplexity
@@ -82,7 +83,7 @@ class Session:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.progress = progress
         self._ids: dict[str, torch.Tensor] = {}
-        self._calib: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._calib: dict[tuple[int, int, int], Calibration] = {}
         # Weights as prepared by a method (GPTQ's take minutes): reused by every spec that
         # quantizes the weights the same way (W4A4 and W4A4KV4, another text).
         self._prepared: dict[tuple[Any, ...], tuple[Any, dict[str, torch.Tensor]]] = {}
@@ -99,10 +100,11 @@ class Session:
             self._ids[text] = data.tokens(self.tokenizer, raw)
         return self._ids[text]
 
-    def calibration(self, cfg: EvalConfig) -> torch.Tensor:
+    def calibration(self, cfg: EvalConfig) -> Calibration:
         key = (cfg.calib_segments, cfg.calib_tokens, cfg.seed)
         if key not in self._calib:
-            self._calib[key] = data.calibration_segments(self.ids("ptb:train"), *key)
+            self._calib[key] = Calibration(
+                lambda: data.calibration_segments(self.ids("ptb:train"), *key))
         return self._calib[key]
 
     def quantized(self, cfg: EvalConfig, alpha: float, keep: bool = True) -> Any:
@@ -117,7 +119,7 @@ class Session:
             return simulate(copy.deepcopy(model), cfg.spec, rotate_in)
         model = copy.deepcopy(self.base)
         rotate_in = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed),
-                                    cfg.spec.weights, lambda: self.calibration(cfg),
+                                    cfg.spec.weights, self.calibration(cfg),
                                     self.progress)
         if keep:
             self._prepared[key] = (model, rotate_in)

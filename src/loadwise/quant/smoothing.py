@@ -69,9 +69,10 @@ def smoothquant_scales(act_max: torch.Tensor, weight: torch.Tensor, alpha: float
 
 
 @torch.no_grad()
-def smoothquant(model: Any, samples: torch.Tensor, alpha: float) -> None:
+def smoothquant(model: Any, stats: list[dict[str, torch.Tensor]], alpha: float) -> None:
+    """SmoothQuant's scales from ``stats`` (``activation_absmax`` of this model before any
+    change), folded in place."""
     shape = Shape.of(model)
-    stats = activation_absmax(model, samples)
     for layer, per_site in zip(layers(model), stats, strict=True):
         for site in INPUTS:
             s = smoothquant_scales(per_site[site], consumer_weight(layer, site, shape), alpha)
