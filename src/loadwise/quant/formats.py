@@ -141,7 +141,9 @@ def fit(xg: torch.Tensor, fmt: QuantFormat, tensor_amax: torch.Tensor | None = N
         exp = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)))) - 2
         return GroupParams(torch.exp2(exp.clamp(-127, 127)))
     t_amax = xg.abs().amax() if tensor_amax is None else tensor_amax
-    t_scale = t_amax / (E4M3_MAX * E2M1_MAX) if t_amax > 0 else torch.ones((), device=xg.device)
+    # Floored at float32's smallest normal: a subnormal tensor would underflow it to 0.
+    t_scale = (t_amax / (E4M3_MAX * E2M1_MAX)).clamp(min=torch.finfo(torch.float32).tiny) \
+        if t_amax > 0 else torch.ones((), device=xg.device)
     block = (amax / E2M1_MAX / t_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
     scale = block * t_scale
     return GroupParams(torch.where(scale > 0, scale, torch.ones_like(scale)))
