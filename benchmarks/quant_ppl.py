@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ from loadwise.measure.workloads import sharegpt_pairs
 from loadwise.model import prepare
 from loadwise.provenance import provenance
 from loadwise.quant.catalog import METHODS
+from loadwise.quant.ppl import t975
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
 
@@ -135,6 +138,20 @@ def main() -> None:
     plot(payload, path.with_suffix(".png"))
 
 
+def paired(runs: list[dict[str, Any]], label: str, a: str, b: str) -> dict[str, Any]:
+    """Method ``a`` against ``b`` window by window on the same text: the mean per-token NLL
+    difference (negative: ``a`` better) with its 95 % t-interval, and how many windows ``a``
+    won."""
+    nll = {r["config"]["method"]: r["perplexity"]["window_nll"] for r in runs
+           if r["label"] == label}
+    diff = [x - y for x, y in zip(nll[a], nll[b], strict=True)]
+    mean = statistics.fmean(diff)
+    half = t975(len(diff) - 1) * statistics.stdev(diff) / math.sqrt(len(diff)) \
+        if len(diff) > 1 else 0.0
+    return {"mean_dnll": mean, "ci95": [mean - half, mean + half],
+            "windows_better": sum(d < 0 for d in diff), "windows": len(diff)}
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (text, spec label): each method's perplexity and increase over float32; the issue's
     targets for W4A4 per format: DualQuant ≤ SmoothQuant, and DualQuant's increase ≥ 20 %
@@ -158,6 +175,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         targets[label] = {"dualquant_le_smoothquant": dq["ppl"] <= sq["ppl"],
                           "increase_cut_vs_rtn": cut,
                           "cut_ge_20pct": cut is not None and cut >= 0.2}
+        if all("window_nll" in r["perplexity"] for r in runs if r["label"] == label):
+            targets[label]["paired_vs_smoothquant"] = paired(runs, label, "dualquant",
+                                                             "smoothquant")
+            targets[label]["paired_vs_rtn"] = paired(runs, label, "dualquant", "rtn")
     return {"fp32": fp32, "table": table, "targets": targets}
 
 

@@ -3,12 +3,22 @@ targets' verdicts, and served tok/s as the median of per-round ratios to float32
 
 from __future__ import annotations
 
+from quant_ppl import paired
 from quant_ppl import summarize as ppl_summary
 from quant_served import summarize as served_summary
 
 
 def run(label: str, method: str, ppl: float) -> dict:
     return {"label": label, "config": {"method": method}, "perplexity": {"ppl": ppl}}
+
+
+def test_paired_counts_windows_and_centres_the_interval_on_the_mean_difference() -> None:
+    runs = [{"label": "t", "config": {"method": "a"}, "perplexity": {"window_nll": [1.0, 2.0, 3.0]}},
+            {"label": "t", "config": {"method": "b"}, "perplexity": {"window_nll": [1.5, 2.1, 2.9]}}]
+    p = paired(runs, "t", "a", "b")
+    assert p["windows_better"] == 2 and p["windows"] == 3
+    assert abs(p["mean_dnll"] - (-0.5 - 0.1 + 0.1) / 3) < 1e-12
+    assert p["ci95"][0] < p["mean_dnll"] < p["ci95"][1]
 
 
 def test_targets_compare_dualquant_with_smoothquant_and_its_increase_with_rtns() -> None:

@@ -174,3 +174,52 @@ def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path
     assert rec["machine"]["isa"] and rec["config"]["method"] == "gptq"
     assert len(rec["perplexity"]["window_nll"]) == 1 and rec["perplexity"]["ppl"] > 1
     shutil.rmtree(model_dir)
+
+
+@pytest.mark.parametrize(("scheme", "method"), [("w8a8", "rtn"), ("w4a16", "dualquant"),
+                                                ("w8a8", "smoothquant")])
+def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
+        tiny: torch.nn.Module, tmp_path: Path, scheme: str, method: str) -> None:
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from loadwise.model import default_model_dir, verify
+    from loadwise.quant.export import ExportConfig, export
+
+    if verify(default_model_dir()) is not None:
+        pytest.skip("needs the embedded model's tokenizer (loadwise model prepare)")
+    tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    src = tmp_path / "tiny"
+    model = copy.deepcopy(tiny)
+    model.resize_token_embeddings(len(tok))
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    cfg = ExportConfig(scheme, method, group_size=16)
+    out = export(src, tmp_path / "out", cfg)
+    config = json.loads((out / "config.json").read_text())
+    QuantizationConfig.model_validate(config["quantization_config"])
+    tensors = load_file(str(out / "model.safetensors"))
+    key = "model.layers.1.mlp.down_proj"
+    scale = tensors[f"{key}.weight_scale"].float()
+    if scheme == "w8a8":
+        q = tensors[f"{key}.weight"]
+        assert q.dtype == torch.int8 and config["dtype"] == "float32"
+        w = q.float() * scale
+    else:
+        q = unpack_from_int32(tensors[f"{key}.weight_packed"], 4,
+                              torch.Size(tensors[f"{key}.weight_shape"].tolist()))
+        assert q.abs().max() <= 8 and config["dtype"] == "bfloat16"
+        w = (q.float().reshape(q.shape[0], -1, 16) * scale[:, :, None]).reshape(q.shape)
+    # The same integers the harness rounds to, from the same (transformed) float weights.
+    ref = llama.load(src)
+    if method == "dualquant":
+        smoothing.dualquant(ref, cfg.weight_format)
+    if method != "smoothquant":  # smoothquant's scales come from PTB calibration: checked below
+        expect = formats.quantize(ref.model.layers[1].mlp.down_proj.weight, cfg.weight_format)
+        assert torch.allclose(w, expect.to(w.dtype).float(), rtol=1e-2, atol=1e-6)
+    else:
+        assert not torch.allclose(tensors["model.layers.1.post_attention_layernorm.weight"],
+                                  ref.model.layers[1].post_attention_layernorm.weight)

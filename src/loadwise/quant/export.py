@@ -19,8 +19,9 @@ import torch
 
 from loadwise.checksums import replacing_dir
 from loadwise.errors import LoadwiseError
-from loadwise.quant import smoothing
-from loadwise.quant.catalog import EXPORT_METHODS, SCHEMES
+from loadwise.quant import data, smoothing
+from loadwise.quant.calibration import Calibration
+from loadwise.quant.catalog import CALIB_SEGMENTS, CALIB_TOKENS, EXPORT_METHODS, SCHEMES
 from loadwise.quant.formats import QuantFormat, fit, grouped
 from loadwise.quant.llama import all_linears
 
@@ -36,6 +37,7 @@ class ExportError(LoadwiseError, ValueError):
 class ExportConfig:
     scheme: str
     method: str = "rtn"
+    smooth_alpha: float = 0.5  # smoothquant: calibrated on PTB train (CALIB_SEGMENTS × 2048)
     group_size: int = 64  # w4a16: must divide every linear's input size (SmolLM2: 576, 1536)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,14 @@ def integer_weights(w: torch.Tensor, fmt: QuantFormat) -> tuple[torch.Tensor, to
     return q.reshape(w.shape), scale.squeeze(-1)
 
 
+def _ptb_calibration(model_dir: Path) -> Calibration:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return Calibration(lambda: data.calibration_segments(
+        data.tokens(tokenizer, data.ptb("train")), CALIB_SEGMENTS, CALIB_TOKENS))
+
+
 def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
     """Write the quantized checkpoint to ``out`` (replaced whole, atomically)."""
     from compressed_tensors.compressors.pack_quantized.helpers import (  # type: ignore[import-untyped]
@@ -104,6 +114,8 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
     fmt = cfg.weight_format
     if cfg.method == "dualquant":
         smoothing.dualquant(model, fmt)
+    elif cfg.method == "smoothquant":
+        smoothing.smoothquant(model, _ptb_calibration(model_dir).absmax(model), cfg.smooth_alpha)
     dtype = getattr(torch, cfg.dtype)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -136,5 +148,6 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
                 shutil.copy2(model_dir / f, tmp / f)
         (tmp / "loadwise-export.json").write_text(json.dumps(
             {"scheme": cfg.scheme, "method": cfg.method, "group_size": cfg.group_size,
+             "smooth_alpha": cfg.smooth_alpha if cfg.method == "smoothquant" else None,
              "source": str(model_dir)}, indent=1))
     return out
