@@ -147,22 +147,28 @@ def test_embedded_q4_1_weights_survive_an_asymmetric_grid_over_groups_of_32() ->
     assert not torch.equal(formats.quantize(w, QuantFormat.parse("int4-channel-asym")), w)
 
 
-def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path: Path) -> None:
-    from loadwise.cli import main
+def tiny_dir(tiny: torch.nn.Module, tmp_path: Path) -> Path:
+    """The tiny model saved with the embedded model's tokenizer (its vocabulary resized to it)."""
+    from transformers import AutoTokenizer
+
     from loadwise.model import default_model_dir, verify
 
     if verify(default_model_dir()) is not None:
         pytest.skip("needs the embedded model's tokenizer (loadwise model prepare)")
-    import shutil
-
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
     model_dir = tmp_path / "tiny"
-    big = copy.deepcopy(tiny)
-    big.resize_token_embeddings(len(tok))
-    big.save_pretrained(model_dir)
+    model = copy.deepcopy(tiny)
+    model.resize_token_embeddings(len(tok))
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
+    return model_dir
+
+
+def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path: Path) -> None:
+    from loadwise.cli import main
+
+    model_dir = tiny_dir(tiny, tmp_path)
     text = tmp_path / "text.txt"
     text.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 600))
     out = tmp_path / "rec.json"
@@ -173,7 +179,6 @@ def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path
     rec = json.loads(out.read_text())
     assert rec["machine"]["isa"] and rec["config"]["method"] == "gptq"
     assert len(rec["perplexity"]["window_nll"]) == 1 and rec["perplexity"]["ppl"] > 1
-    shutil.rmtree(model_dir)
 
 
 @pytest.mark.parametrize(("scheme", "method"), [("w8a8", "rtn"), ("w4a16", "dualquant"),
@@ -183,20 +188,10 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
-    from loadwise.model import default_model_dir, verify
     from loadwise.quant.export import ExportConfig, export
 
-    if verify(default_model_dir()) is not None:
-        pytest.skip("needs the embedded model's tokenizer (loadwise model prepare)")
-    tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
-    src = tmp_path / "tiny"
-    model = copy.deepcopy(tiny)
-    model.resize_token_embeddings(len(tok))
-    model.config.tie_word_embeddings = False
-    model.save_pretrained(src)
-    tok.save_pretrained(src)
+    src = tiny_dir(tiny, tmp_path)
     cfg = ExportConfig(scheme, method, group_size=16)
     out = export(src, tmp_path / "out", cfg)
     config = json.loads((out / "config.json").read_text())
