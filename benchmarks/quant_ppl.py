@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from results_io import write_result
 
 from loadwise.measure.workloads import sharegpt_pairs
@@ -129,7 +130,9 @@ def main() -> None:
     payload = {**made_by, "model": str(model_dir),
                "config": {"max_windows": args.max_windows, "other_windows": args.other_windows,
                           "window_tokens": 2048, "other_text": other,
-                          "outlier_layer": OUTLIER_LAYER},
+                          "outlier_layer": OUTLIER_LAYER,
+                          # In process (no vLLM engine, no thread binding): torch's threads.
+                          "torch_threads": torch.get_num_threads()},
                "smoothquant_alpha": alphas,
                "outliers": outliers(session, alphas.get("int4-channel", 0.5)),
                "runs": runs, "wall_s": time.perf_counter() - t_start}

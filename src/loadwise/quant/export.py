@@ -19,11 +19,12 @@ import torch
 
 from loadwise.checksums import replacing_dir
 from loadwise.errors import LoadwiseError
-from loadwise.quant import data, smoothing
+from loadwise.quant import data, methods
 from loadwise.quant.calibration import Calibration
-from loadwise.quant.catalog import CALIB_SEGMENTS, CALIB_TOKENS, EXPORT_METHODS, SCHEMES
+from loadwise.quant.catalog import CALIB_SEGMENTS, CALIB_TOKENS, CALIBRATED, EXPORT_METHODS, SCHEMES
 from loadwise.quant.formats import QuantFormat, fit, grouped
 from loadwise.quant.llama import all_linears
+from loadwise.quant.methods import MethodConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")
@@ -112,10 +113,8 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     fmt = cfg.weight_format
-    if cfg.method == "dualquant":
-        smoothing.dualquant(model, fmt)
-    elif cfg.method == "smoothquant":
-        smoothing.smoothquant(model, _ptb_calibration(model_dir).absmax(model), cfg.smooth_alpha)
+    calibration = _ptb_calibration(model_dir) if cfg.method in CALIBRATED else None
+    methods.transform(model, MethodConfig(cfg.method, cfg.smooth_alpha), fmt, calibration)
     dtype = getattr(torch, cfg.dtype)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:

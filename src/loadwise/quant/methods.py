@@ -35,35 +35,47 @@ class MethodConfig:
             raise MethodError(f"SmoothQuant's alpha is in [0, 1], got {self.smooth_alpha}")
 
 
-def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
-            calibration: Calibration | None = None,
-            progress: Callable[[str, int, int], None] | None = None,
-            ) -> dict[str, torch.Tensor]:
-    """The method's transform and quantized weights, in place (activations untouched); returns
-    the online input rotations ``simulate`` needs. ``calibration``: the calibrated methods'
-    samples (and activation statistics, taken on ``model`` as given: the float32 model)."""
-    def step(what: str) -> Callable[[int, int], None] | None:
-        return (lambda i, n: progress(what, i, n)) if progress else None
+Progress = Callable[[str, int, int], None]
 
-    if cfg.method == "fp32":
-        return {}  # the reference: nothing quantized
+
+def _step(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
+    return (lambda i, n: progress(what, i, n)) if progress else None
+
+
+def transform(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+              calibration: Calibration | None = None,
+              progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    """The method's function-preserving transform (scales or rotation), in place; returns the
+    online input rotations ``simulate`` needs. ``calibration``: the calibrated methods' samples
+    (and activation statistics, taken on ``model`` as given: the float32 model). Also what
+    ``quant export`` folds into a checkpoint before rounding."""
     if cfg.method in CALIBRATED and calibration is None:
         raise MethodError(f"{cfg.method} needs calibration text")
     if cfg.method in ("dualquant", "gptq") and w_fmt is None:
         raise MethodError(f"{cfg.method} solves for the weights' format: give --w-bits < 16")
-    rotate_in: dict[str, torch.Tensor] = {}
     if cfg.method == "smoothquant":
         assert calibration is not None
         smoothing.smoothquant(model, calibration.absmax(model), cfg.smooth_alpha)
     elif cfg.method == "dualquant":
         assert w_fmt is not None
-        smoothing.dualquant(model, w_fmt, step("dualquant scales"))
+        smoothing.dualquant(model, w_fmt, _step(progress, "dualquant scales"))
     elif cfg.method == "rotation":
-        rotate_in = rotation.rotate(model, cfg.seed)
+        return rotation.rotate(model, cfg.seed)
+    return {}
+
+
+def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+            calibration: Calibration | None = None,
+            progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    """The method's transform and quantized weights, in place (activations untouched); returns
+    the online input rotations ``simulate`` needs."""
+    if cfg.method == "fp32":
+        return {}  # the reference: nothing quantized
+    rotate_in = transform(model, cfg, w_fmt, calibration, progress)
     if w_fmt is not None:
         if cfg.method == "gptq":
             assert calibration is not None
-            weights.gptq(model, w_fmt, calibration.samples(), step("gptq layers"))
+            weights.gptq(model, w_fmt, calibration.samples(), _step(progress, "gptq layers"))
         else:
             weights.rtn(model, w_fmt)
     return rotate_in
@@ -71,7 +83,7 @@ def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
 
 def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
           calibration: Calibration | None = None,
-          progress: Callable[[str, int, int], None] | None = None) -> Any:
+          progress: Progress | None = None) -> Any:
     """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned)."""
     if cfg.method == "fp32":
         return model

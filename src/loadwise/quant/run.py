@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from loadwise.quant import data, llama, methods, ppl
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
-from loadwise.quant.methods import MethodConfig
+from loadwise.quant.methods import MethodConfig, Progress
 from loadwise.quant.ppl import Perplexity
 from loadwise.quant.sim import simulate
 from loadwise.quant.spec import QuantSpec
@@ -70,8 +69,6 @@ class EvalRecord:
         return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
                    d["prepare_s"], d["eval_s"])
 
-
-Progress = Callable[[str, int, int], None]
 
 
 class Session:
