@@ -14,7 +14,7 @@ import torch
 from loadwise.quant import formats, llama, methods, rotation, smoothing, weights
 from loadwise.quant.formats import QuantFormat
 from loadwise.quant.methods import MethodConfig, MethodError
-from loadwise.quant.sim import simulate
+from loadwise.quant.sim import Prepared, simulate
 from loadwise.quant.spec import QuantSpec
 
 VOCAB = 512
@@ -59,7 +59,7 @@ def test_each_transform_keeps_the_models_function(tiny: torch.nn.Module, transfo
         smoothing.smoothquant(m, smoothing.activation_absmax(m, CALIB), 0.5)
     else:
         rotate_in = rotation.rotate(m, seed=3)
-    out = logits(simulate(m, QuantSpec(None), rotate_in), IDS)
+    out = logits(simulate(m, QuantSpec(None), Prepared(rotate_in=rotate_in)), IDS)
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
     # ...and the transform did change the weights (a no-op would pass the check above).
     changed = [not torch.equal(a.weight, b.weight)
@@ -94,7 +94,7 @@ def test_gptq_has_lower_output_error_than_rounding(name: str) -> None:
     x = torch.randn(512, 64) @ torch.randn(64, 64)  # correlated inputs: where GPTQ pays
     w = torch.randn(32, 64)
     fmt = QuantFormat.parse(name)
-    q = weights.gptq_matrix(w, 2 * x.T @ x / x.shape[0], fmt)
+    q, _ = weights.gptq_matrix(w, 2 * x.T @ x / x.shape[0], fmt)
     r = formats.quantize(w, fmt)
     if fmt.kind == "int" and fmt.group is None:  # every row on a 16-value grid
         assert all(len(torch.unique(row)) <= 16 for row in q)
@@ -160,38 +160,54 @@ def tiny_dir(tiny: torch.nn.Module, tmp_path: Path) -> Path:
     model = copy.deepcopy(tiny)
     model.resize_token_embeddings(len(tok))
     model.config.tie_word_embeddings = False
+    # Its own lm_head on disk: a missing one would be initialized anew at every load.
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     return model_dir
 
 
-def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["gptq", "hessian"])
+def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path: Path,
+                                                 method: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from loadwise.cli import main
 
     model_dir = tiny_dir(tiny, tmp_path)
+    monkeypatch.setenv("LOADWISE_HOME", str(tmp_path / "home"))
     text = tmp_path / "text.txt"
     text.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 600))
     out = tmp_path / "rec.json"
-    rc = main(["quant", "eval", "--model", str(model_dir), "--method", "gptq", "--format", "int",
-               "--group-size", "16", "--text", str(text), "--max-windows", "1",
-               "--calib-segments", "2", "--out", str(out)])
-    assert rc == 0
+    argv = ["quant", "eval", "--model", str(model_dir), "--method", method, "--format", "int",
+            "--group-size", "16", "--kv-bits", "4", "--text", str(text), "--max-windows", "1",
+            "--calib-segments", "2", "--hessian-segments", "2", "--hessian-tokens", "256",
+            "--out", str(out)]
+    assert main(argv) == 0
     rec = json.loads(out.read_text())
-    assert rec["machine"]["isa"] and rec["config"]["method"] == "gptq"
+    assert rec["machine"]["isa"] and rec["config"]["method"] == method
     assert len(rec["perplexity"]["window_nll"]) == 1 and rec["perplexity"]["ppl"] > 1
+    if method == "hessian":  # its finished layers kept: the same command reads them back
+        runs = list((tmp_path / "home" / "quant-runs").glob("hessian-*/layer-*.pt"))
+        assert len(runs) == 2
+        assert main(argv) == 0
+        assert json.loads(out.read_text())["perplexity"] == rec["perplexity"]
+        assert main([*argv[:-4], "--hessian-tokens", "4096"]) == 2
 
 
 @pytest.mark.parametrize(("scheme", "method"), [("w8a8", "rtn"), ("w4a16", "dualquant"),
-                                                ("w8a8", "smoothquant")])
+                                                ("w8a8", "smoothquant"), ("w4a16", "gptq"),
+                                                ("w8a8", "hessian")])
 def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
-        tiny: torch.nn.Module, tmp_path: Path, scheme: str, method: str) -> None:
+        tiny: torch.nn.Module, tmp_path: Path, scheme: str, method: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors.torch import load_file
 
-    from loadwise.quant.export import ExportConfig, export
+    from loadwise.quant.export import EXPORT_HESSIAN, ExportConfig, export, ptb_calibration
 
     src = tiny_dir(tiny, tmp_path)
+    monkeypatch.setenv("LOADWISE_HOME", str(tmp_path / "home"))
     cfg = ExportConfig(scheme, method, group_size=16)
     out = export(src, tmp_path / "out", cfg)
     config = json.loads((out / "config.json").read_text())
@@ -212,7 +228,12 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     ref = llama.load(src)
     if method == "dualquant":
         smoothing.dualquant(ref, cfg.weight_format)
-    if method != "smoothquant":  # smoothquant's scales come from PTB calibration: checked below
+    if method in ("gptq", "hessian"):  # rounded by the method: the harness's weights as they are
+        methods.prepare(ref, MethodConfig(method, hessian=EXPORT_HESSIAN),
+                        QuantSpec(cfg.weight_format, cfg.activation_format), ptb_calibration(src))
+        got = ref.model.layers[1].mlp.down_proj.weight
+        assert torch.allclose(w, got.to(w.dtype).float(), rtol=1e-2, atol=1e-6)
+    elif method != "smoothquant":  # smoothquant's scales come from PTB calibration: checked below
         expect = formats.quantize(ref.model.layers[1].mlp.down_proj.weight, cfg.weight_format)
         assert torch.allclose(w, expect.to(w.dtype).float(), rtol=1e-2, atol=1e-6)
     else:

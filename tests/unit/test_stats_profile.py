@@ -231,3 +231,21 @@ def test_sign_test_tail_values_and_bad_input() -> None:
     assert sign_test_tail(18, 26) == pytest.approx(0.0378, abs=1e-4)
     with pytest.raises(ValueError, match="n >= 0"):
         sign_test_tail(0, -1)
+
+
+def test_spearman_on_known_ranks_and_ties() -> None:
+    from loadwise.measure.stats import ranks, spearman
+
+    assert ranks([10.0, 30.0, 20.0, 20.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8208, abs=1e-4)
+    assert spearman([1, 2, 3], [4, 4, 4]) == 0.0
+    with pytest.raises(ValueError):
+        spearman([1.0], [2.0])
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_subnormal=False), min_size=3, max_size=40, unique=True))
+def test_spearman_sees_only_order(xs: list[float]) -> None:
+    from loadwise.measure.stats import spearman
+
+    assert spearman(xs, [2 * x if x > 0 else x / 2 for x in xs]) == pytest.approx(1.0)
+    assert spearman(xs, [-x for x in xs]) == pytest.approx(-1.0)

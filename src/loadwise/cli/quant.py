@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ from loadwise.quant.catalog import (
     ALPHA_WINDOWS,
     CALIB_SEGMENTS,
     EXPORT_METHODS,
+    HESSIAN_SEGMENTS,
+    HESSIAN_TOKENS,
     KINDS,
     METHODS,
     SCHEMES,
@@ -60,6 +64,10 @@ def add_parser(sub: Any) -> None:
                         "windows)")
     p.add_argument("--calib-segments", type=int, default=CALIB_SEGMENTS,
                    help="PTB train segments of 2048 tokens for smoothquant and gptq")
+    p.add_argument("--hessian-segments", type=int, default=HESSIAN_SEGMENTS,
+                   help="hessian: how many of the calibration segments it solves on")
+    p.add_argument("--hessian-tokens", type=int, default=HESSIAN_TOKENS,
+                   help="hessian: tokens of each (at most 2048)")
     p.add_argument("--model", help="model directory (default: the embedded model)")
     p.add_argument("--out", help="write the record (JSON, with the machine) here")
     p.set_defaults(func=run_eval)
@@ -72,7 +80,8 @@ def add_parser(sub: Any) -> None:
                         "int4 weights in groups")
     x.add_argument("--method", default="rtn", choices=EXPORT_METHODS,
                    help="dualquant: its scales folded in before rounding (no calibration); "
-                        "smoothquant: SmoothQuant's, calibrated on PTB train")
+                        "smoothquant: SmoothQuant's, calibrated on PTB train; gptq and hessian:"
+                        " rounded with calibration on PTB train")
     x.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's alpha")
     x.add_argument("--group-size", type=int, default=64,
                    help="w4a16's group size; must divide every linear's input size")
@@ -81,9 +90,25 @@ def add_parser(sub: Any) -> None:
     x.set_defaults(func=run_export)
 
 
+def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], None]:
+    """A progress callback that shows ``what i/n`` with the time left, from the rate so far."""
+    started: dict[str, tuple[float, int]] = {}
+
+    def update(what: str, i: int, n: int) -> None:
+        now = time.monotonic()
+        t0, i0 = started.setdefault(what, (now, i))
+        eta = ""
+        if i > i0 and i < n:
+            eta = f", about {(now - t0) / (i - i0) * (n - i):.0f} s left"
+        show(f"{what} {i}/{n}{eta}")
+    return update
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.provenance import provenance
+    from loadwise.quant.catalog import CALIB_TOKENS
+    from loadwise.quant.hessian import HessianConfig
     from loadwise.quant.run import PTB_TEST, EvalConfig, Session
     from loadwise.quant.spec import QuantSpec
 
@@ -92,12 +117,22 @@ def run_eval(args: argparse.Namespace) -> int:
                            args.group_size, args.asym_weights)
     if args.text and not Path(args.text).is_file():
         raise UsageError(f"--text {args.text}: no such file")
+    if args.method == "hessian" and not 1 <= args.hessian_segments <= args.calib_segments:
+        raise UsageError(f"--hessian-segments must be 1 to --calib-segments "
+                         f"({args.calib_segments}), got {args.hessian_segments}")
+    if args.method == "hessian" and not 1 <= args.hessian_tokens <= CALIB_TOKENS:
+        raise UsageError(f"--hessian-tokens must be 1 to {CALIB_TOKENS}, got "
+                         f"{args.hessian_tokens}")
     cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
-                     calib_segments=args.calib_segments)
+                     calib_segments=args.calib_segments,
+                     hessian=HessianConfig(args.hessian_segments, args.hessian_tokens))
     model_dir = Path(args.model) if args.model else prepare().path
     console.print(f"{args.method} {spec.name} on {cfg.text} …")
     with console.status("loading the model") as status:
-        session = Session(model_dir, lambda what, i, n: status.update(f"{what} {i}/{n}"))
+        session = Session(model_dir, eta_progress(status.update))
+        workdir = session.workdir(cfg)
+        if workdir is not None:
+            console.print(f"finished layers saved in {workdir} (run again to resume)")
         record = session.evaluate(cfg)
     p = record.perplexity
     lo, hi = p.ci95
@@ -114,8 +149,6 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    import time
-
     from loadwise.model import prepare
     from loadwise.quant.export import ExportConfig, export
 
@@ -123,7 +156,8 @@ def run_export(args: argparse.Namespace) -> int:
                        group_size=args.group_size)
     model_dir = Path(args.model) if args.model else prepare().path
     t0 = time.perf_counter()
-    out = export(model_dir, Path(args.out), cfg)
+    with console.status(f"exporting ({args.method})") as status:
+        out = export(model_dir, Path(args.out), cfg, eta_progress(status.update))
     console.print(f"wrote {out} ({args.scheme}, {args.method}, {time.perf_counter() - t0:.1f} s):"
                   f" loadwise serve --model {out}")
     return 0

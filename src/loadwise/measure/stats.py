@@ -46,6 +46,33 @@ class MedianInterval:
     coverage: float
 
 
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties given their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (Pearson's on the ranks); 0 where either side is constant."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError("spearman needs two lists of the same length, at least 2")
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    return 0.0 if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
+
+
 def sign_test_tail(n_at_least: int, n: int) -> float:
     """P(at least ``n_at_least`` of ``n`` fair coin flips come up heads): the one-sided tail of
     a sign test, where each sample lies above (or below) zero with probability 1/2."""

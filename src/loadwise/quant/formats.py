@@ -124,19 +124,24 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     return torch.sign(v) * grid[idx]
 
 
-def fit(xg: torch.Tensor, fmt: QuantFormat, tensor_amax: torch.Tensor | None = None) -> GroupParams:
+def fit(xg: torch.Tensor, fmt: QuantFormat, tensor_amax: torch.Tensor | None = None,
+        clip: float = 1.0) -> GroupParams:
     """Each group's parameters for grouped ``xg`` (``tensor_amax``: nvfp4's tensor scale comes
-    from the whole tensor; default the amax of ``xg``)."""
+    from the whole tensor; default the amax of ``xg``). ``clip`` (in (0, 1]) shrinks each
+    group's range to that fraction of its extent (values beyond it saturate)."""
     if fmt.kind == "int":
         if fmt.symmetric:
             qmax = 2 ** (fmt.bits - 1) - 1
-            amax = xg.abs().amax(dim=-1, keepdim=True)
+            amax = xg.abs().amax(dim=-1, keepdim=True) * clip
             return GroupParams(torch.where(amax > 0, amax / qmax, torch.ones_like(amax)))
-        lo = xg.amin(dim=-1, keepdim=True)
-        span = xg.amax(dim=-1, keepdim=True) - lo
+        hi, lo = xg.amax(dim=-1, keepdim=True), xg.amin(dim=-1, keepdim=True)
+        span = hi - lo
+        if clip != 1.0:  # shrunk about the range's middle
+            span = span * clip
+            lo = (hi + lo) / 2 - span / 2
         scale = torch.where(span > 0, span / (2 ** fmt.bits - 1), torch.ones_like(span))
         return GroupParams(scale, lo)
-    amax = xg.abs().amax(dim=-1, keepdim=True)
+    amax = xg.abs().amax(dim=-1, keepdim=True) * clip
     if fmt.kind == "mxfp4":
         exp = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)))) - 2
         return GroupParams(torch.exp2(exp.clamp(-127, 127)))
@@ -160,9 +165,11 @@ def quantize_given(xg: torch.Tensor, fmt: QuantFormat, p: GroupParams) -> torch.
     return round_e2m1(xg / p.scale) * p.scale
 
 
-def quantize_fitted(x: torch.Tensor, fmt: QuantFormat, ref: torch.Tensor) -> torch.Tensor:
+def quantize_fitted(x: torch.Tensor, fmt: QuantFormat, ref: torch.Tensor,
+                    clip: float = 1.0) -> torch.Tensor:
     """``x`` on the grid whose parameters are fitted to ``ref`` (same shape), group by group
-    along the last dimension; an int format's last group may be shorter."""
+    along the last dimension; an int format's last group may be shorter. ``clip``: see
+    ``fit`` (nvfp4's tensor scale stays the whole tensor's)."""
     if fmt.kind != "int" and x.shape[-1] % (fmt.group or 1):
         raise FormatError(f"{fmt.kind} needs a last dimension that is a multiple of "
                           f"{fmt.group}, got {x.shape[-1]}")
@@ -171,13 +178,13 @@ def quantize_fitted(x: torch.Tensor, fmt: QuantFormat, ref: torch.Tensor) -> tor
     parts = []
     for a, b, g in split_groups(x.shape[-1], fmt.group):
         rg = grouped(ref[..., a:b], g)
-        parts.append(quantize_given(grouped(x[..., a:b], g), fmt, fit(rg, fmt, t_amax))
+        parts.append(quantize_given(grouped(x[..., a:b], g), fmt, fit(rg, fmt, t_amax, clip))
                      .reshape(*x.shape[:-1], b - a))
     return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
 
-def quantize(x: torch.Tensor, fmt: QuantFormat | None) -> torch.Tensor:
+def quantize(x: torch.Tensor, fmt: QuantFormat | None, clip: float = 1.0) -> torch.Tensor:
     """``x`` quantize-dequantized along its last dimension (``None``: unchanged)."""
     if fmt is None:
         return x
-    return quantize_fitted(x, fmt, x).to(x.dtype)
+    return quantize_fitted(x, fmt, x, clip).to(x.dtype)

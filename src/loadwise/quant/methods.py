@@ -4,17 +4,19 @@ quantized activations and KV cache. Each method starts from the float32 model in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from loadwise.errors import LoadwiseError
-from loadwise.quant import rotation, smoothing, weights
+from loadwise.quant import hessian, rotation, smoothing, weights
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import CALIBRATED, METHODS
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.sim import simulate
+from loadwise.quant.hessian import HessianConfig
+from loadwise.quant.sim import Prepared, simulate
 from loadwise.quant.spec import QuantSpec
 
 
@@ -27,6 +29,7 @@ class MethodConfig:
     method: str
     smooth_alpha: float = 0.5  # SmoothQuant's migration strength (the caller searches it)
     seed: int = 0  # the rotation's random matrices
+    hessian: HessianConfig = field(default_factory=HessianConfig)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,7 +54,7 @@ def transform(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
     ``quant export`` folds into a checkpoint before rounding."""
     if cfg.method in CALIBRATED and calibration is None:
         raise MethodError(f"{cfg.method} needs calibration text")
-    if cfg.method in ("dualquant", "gptq") and w_fmt is None:
+    if cfg.method in ("dualquant", "gptq", "hessian") and w_fmt is None:
         raise MethodError(f"{cfg.method} solves for the weights' format: give --w-bits < 16")
     if cfg.method == "smoothquant":
         assert calibration is not None
@@ -61,24 +64,37 @@ def transform(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
         smoothing.dualquant(model, w_fmt, _step(progress, "dualquant scales"))
     elif cfg.method == "rotation":
         return rotation.rotate(model, cfg.seed)
+    elif cfg.method == "hessian":
+        raise MethodError("the hessian method chooses its transform with the ranges and the "
+                          "rounding: use prepare")
     return {}
 
 
-def prepare(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
-            calibration: Calibration | None = None,
-            progress: Progress | None = None) -> dict[str, torch.Tensor]:
+def prepare(model: Any, cfg: MethodConfig, spec: QuantSpec,
+            calibration: Calibration | None = None, progress: Progress | None = None,
+            workdir: Path | None = None) -> Prepared:
     """The method's transform and quantized weights, in place (activations untouched); returns
-    the online input rotations ``simulate`` needs."""
+    what ``simulate`` needs besides the weights. ``workdir``: where the hessian method saves
+    each finished layer (and resumes from)."""
     if cfg.method == "fp32":
-        return {}  # the reference: nothing quantized
-    rotate_in = transform(model, cfg, w_fmt, calibration, progress)
-    if w_fmt is not None:
+        return Prepared()  # the reference: nothing quantized
+    if cfg.method == "hessian":
+        if calibration is None:
+            raise MethodError("hessian needs calibration text")
+        if spec.weights is None:
+            raise MethodError("hessian solves for the weights' format: give --w-bits < 16")
+        return hessian.quantize_model(model, spec, calibration.samples(), cfg.hessian, workdir,
+                                      progress).prepared
+    rotate_in = transform(model, cfg, spec.weights, calibration, progress)
+    scales: dict[str, torch.Tensor] = {}
+    if spec.weights is not None:
         if cfg.method == "gptq":
             assert calibration is not None
-            weights.gptq(model, w_fmt, calibration.samples(), _step(progress, "gptq layers"))
+            scales = weights.gptq(model, spec.weights, calibration.samples(),
+                                  _step(progress, "gptq layers"))
         else:
-            weights.rtn(model, w_fmt)
-    return rotate_in
+            weights.rtn(model, spec.weights)
+    return Prepared(rotate_in=rotate_in, weight_scales=scales)
 
 
 def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
@@ -87,5 +103,4 @@ def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
     """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned)."""
     if cfg.method == "fp32":
         return model
-    rotate_in = prepare(model, cfg, spec.weights, calibration, progress)
-    return simulate(model, spec, rotate_in)
+    return simulate(model, spec, prepare(model, cfg, spec, calibration, progress))

@@ -19,9 +19,10 @@ import torch
 from loadwise.quant import data, llama, methods, ppl
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
+from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.methods import MethodConfig, Progress
 from loadwise.quant.ppl import Perplexity
-from loadwise.quant.sim import simulate
+from loadwise.quant.sim import Prepared, simulate
 from loadwise.quant.spec import QuantSpec
 
 PTB_TEST = "ptb"
@@ -38,12 +39,14 @@ class EvalConfig:
     calib_segments: int = CALIB_SEGMENTS
     calib_tokens: int = CALIB_TOKENS
     seed: int = 0
+    hessian: HessianConfig = field(default_factory=HessianConfig)
 
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "spec": self.spec.to_json(), "text": self.text,
                 "max_windows": self.max_windows, "alpha": self.alpha,
                 "alpha_windows": self.alpha_windows, "calib_segments": self.calib_segments,
-                "calib_tokens": self.calib_tokens, "seed": self.seed}
+                "calib_tokens": self.calib_tokens, "seed": self.seed,
+                "hessian": self.hessian.to_json()}
 
 
 @dataclass(frozen=True)
@@ -65,17 +68,23 @@ class EvalRecord:
         c = d["config"]
         cfg = EvalConfig(c["method"], QuantSpec.from_json(c["spec"]), c["text"],
                          c["max_windows"], c["alpha"], c["alpha_windows"], c["calib_segments"],
-                         c["calib_tokens"], c["seed"])
+                         c["calib_tokens"], c["seed"], HessianConfig.from_json(c["hessian"]))
         return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
                    d["prepare_s"], d["eval_s"])
 
 
 
 class Session:
-    def __init__(self, model_dir: Path, progress: Progress | None = None) -> None:
+    def __init__(self, model_dir: Path, progress: Progress | None = None,
+                 work_root: Path | None = None) -> None:
         from transformers import AutoTokenizer
 
+        from loadwise.model import loadwise_home
+
         self.model_dir = model_dir
+        # The hessian method's finished layers, one directory per (config, spec, model): the
+        # same command run again resumes (or reads a finished run back).
+        self.work_root = work_root or loadwise_home() / "quant-runs"
         self.base = llama.load(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.progress = progress
@@ -83,7 +92,7 @@ class Session:
         self._calib: dict[tuple[int, int, int], Calibration] = {}
         # Weights as prepared by a method (GPTQ's take minutes): reused by every spec that
         # quantizes the weights the same way (W4A4 and W4A4KV4, another text).
-        self._prepared: dict[tuple[Any, ...], tuple[Any, dict[str, torch.Tensor]]] = {}
+        self._prepared: dict[tuple[Any, ...], tuple[Any, Prepared]] = {}
 
     def ids(self, text: str) -> torch.Tensor:
         """``text``: ``ptb`` (test), ``ptb:<split>`` or a file path."""
@@ -109,19 +118,29 @@ class Session:
         quantizes them the same way."""
         if cfg.method == "fp32":
             return self.base
-        key = (cfg.method, cfg.spec.weights, alpha, cfg.seed, cfg.calib_segments,
-               cfg.calib_tokens)
+        key: tuple[Any, ...] = (cfg.method, cfg.spec.weights, alpha, cfg.seed,
+                                cfg.calib_segments, cfg.calib_tokens)
+        if cfg.method == "hessian":  # its choices depend on every format
+            key += (cfg.spec, cfg.hessian)
         if key in self._prepared:
-            model, rotate_in = self._prepared[key]
-            return simulate(copy.deepcopy(model), cfg.spec, rotate_in)
+            model, prepared = self._prepared[key]
+            return simulate(copy.deepcopy(model), cfg.spec, prepared)
         model = copy.deepcopy(self.base)
-        rotate_in = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed),
-                                    cfg.spec.weights, self.calibration(cfg),
-                                    self.progress)
+        prepared = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed, cfg.hessian),
+                                   cfg.spec, self.calibration(cfg), self.progress,
+                                   self.workdir(cfg))
         if keep:
-            self._prepared[key] = (model, rotate_in)
+            self._prepared[key] = (model, prepared)
             model = copy.deepcopy(model)
-        return simulate(model, cfg.spec, rotate_in)
+        return simulate(model, cfg.spec, prepared)
+
+    def workdir(self, cfg: EvalConfig) -> Path | None:
+        """Where the hessian method keeps its finished layers for ``cfg`` (None: other
+        methods)."""
+        if cfg.method != "hessian":
+            return None
+        return cfg.hessian.run_dir(self.work_root, cfg.spec, self.model_dir,
+                                   f"ptb-train:{cfg.calib_segments}x{cfg.calib_tokens}:{cfg.seed}")
 
     def forget(self) -> None:
         """Drop the prepared weights (memory: one float32 model each)."""

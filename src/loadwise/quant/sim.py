@@ -4,6 +4,7 @@ KV cache would hold them (per token and head, before RoPE for keys)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,38 +12,62 @@ from torch import nn
 
 from loadwise.quant import formats
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.llama import layers, linears
+from loadwise.quant.llama import all_linears, layers, linears
 from loadwise.quant.spec import QuantSpec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a method leaves for the simulation besides the weights. Keys are a linear's name in
+    the model (``layers.3.down_proj``) or within every layer (``down_proj``)."""
+    rotate_in: dict[str, torch.Tensor] = field(default_factory=dict)  # online input rotations
+    act_clip: dict[str, float] = field(default_factory=dict)  # input ranges' clip ratios
+    out_clip: dict[str, float] = field(default_factory=dict)  # KV (k/v outputs) clip ratios
+    # Weight scales [rows, groups] where the method fixed them (export writes these).
+    weight_scales: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @staticmethod
+    def lookup(table: dict[str, Any], name: str) -> Any:
+        return table.get(name, table.get(name.rsplit(".", 1)[-1]))
 
 
 class SimLinear(nn.Module):
     rotate_in: torch.Tensor | None
 
     def __init__(self, linear: nn.Linear, act: QuantFormat | None, out: QuantFormat | None,
-                 rotate_in: torch.Tensor | None = None) -> None:
+                 rotate_in: torch.Tensor | None = None, act_clip: float = 1.0,
+                 out_clip: float = 1.0) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.act, self.out = act, out
+        self.act_clip, self.out_clip = act_clip, out_clip
         # An online rotation of the input (orthogonal; the weight's columns carry the same).
         self.register_buffer("rotate_in", rotate_in, persistent=False)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rotate_in is not None:
             x = x @ self.rotate_in
-        y = nn.functional.linear(formats.quantize(x, self.act), self.weight, self.bias)
-        return formats.quantize(y, self.out)
+        x = formats.quantize(x, self.act, self.act_clip)
+        y = nn.functional.linear(x, self.weight, self.bias)
+        return formats.quantize(y, self.out, self.out_clip)
 
 
-def simulate(model: Any, spec: QuantSpec,
-             rotate_in: dict[str, torch.Tensor] | None = None) -> Any:
-    """Replace the decoder's linears by simulated ones (in place). ``rotate_in`` maps a linear's
-    name within its layer (``down_proj``) to its online input rotation."""
-    rotate_in = rotate_in or {}
+def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None) -> Any:
+    """Replace the decoder's linears by simulated ones (in place)."""
+    p = prepared or Prepared()
+    names = {id(lin): name for name, lin in all_linears(model)}
     for layer in layers(model):
         for name, lin in linears(layer).items():
+            full = names[id(lin)]
             out = spec.kv if name in ("k_proj", "v_proj") else None
-            sim = SimLinear(lin, spec.activations, out, rotate_in.get(name))
+            sim = SimLinear(lin, spec.activations, out, Prepared.lookup(p.rotate_in, full),
+                            Prepared.lookup(p.act_clip, full) or 1.0,
+                            Prepared.lookup(p.out_clip, full) or 1.0)
             parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") \
                 else layer.mlp
             setattr(parent, name, sim)

@@ -23,9 +23,12 @@ def rtn(model: Any, fmt: QuantFormat) -> None:
 
 @torch.no_grad()
 def gptq_matrix(w: torch.Tensor, hessian: torch.Tensor, fmt: QuantFormat,
-                damp: float = 0.01) -> torch.Tensor:
+                damp: float = 0.01, clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [rows, cols]`` quantized column by column with error feedback through ``hessian``
-    (``[cols, cols]``, 2/n Σ xᵀx over the layer's calibration inputs)."""
+    (``[cols, cols]``, 2/n Σ xᵀx over the layer's calibration inputs, or any positive
+    semi-definite weighting of them); each group's range fitted with ``clip`` as it is reached.
+    Returns the quantized weights and their scales ``[rows, groups]`` (``q / scale`` is on the
+    format's integer grid)."""
     w = w.clone().float()
     rows, cols = w.shape
     h = hessian.clone().double()
@@ -39,8 +42,10 @@ def gptq_matrix(w: torch.Tensor, hessian: torch.Tensor, fmt: QuantFormat,
     block = 128 if g is None or 128 % g == 0 else g
     t_amax = w.abs().amax()
     params: GroupParams | None = None
+    scales: list[torch.Tensor] = []
     if g is None:
-        params = fit(grouped(w, None), fmt)  # [rows, 1, 1]: the row's scale
+        params = fit(grouped(w, None), fmt, clip=clip)  # [rows, 1, 1]: the row's scale
+        scales.append(params.scale.reshape(rows))
     q = torch.zeros_like(w)
     for i1 in range(0, cols, block):
         i2 = min(i1 + block, cols)
@@ -49,7 +54,8 @@ def gptq_matrix(w: torch.Tensor, hessian: torch.Tensor, fmt: QuantFormat,
         h1 = hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             if g is not None and (i1 + i) % g == 0:
-                params = fit(w1[:, i:i + g].unsqueeze(1), fmt, t_amax)
+                params = fit(w1[:, i:i + g].unsqueeze(1), fmt, t_amax, clip)
+                scales.append(params.scale.reshape(rows))
             assert params is not None
             col = w1[:, i]
             qc = quantize_given(col.reshape(rows, 1, 1), fmt, params).reshape(rows)
@@ -58,7 +64,7 @@ def gptq_matrix(w: torch.Tensor, hessian: torch.Tensor, fmt: QuantFormat,
             w1[:, i:] -= e[:, None] * h1[i, i:][None, :]
             err1[:, i] = e
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
-    return q
+    return q, torch.stack(scales, dim=1)
 
 
 class _Stop(Exception):
@@ -92,9 +98,11 @@ def layer_inputs(model: Any, samples: torch.Tensor) -> tuple[list[torch.Tensor],
 
 @torch.no_grad()
 def gptq(model: Any, fmt: QuantFormat, samples: torch.Tensor,
-         progress: Callable[[int, int], None] | None = None) -> None:
+         progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
     """GPTQ over the decoder, layer by layer: each layer's Hessians from the outputs of the
-    layers before it as already quantized (in place)."""
+    layers before it as already quantized (in place). Returns each linear's weight scales
+    (``layers.3.v_proj``: ``[rows, groups]``)."""
+    scales: dict[str, torch.Tensor] = {}
     inputs, kwargs = layer_inputs(model, samples)
     all_layers = layers(model)
     for index, layer in enumerate(all_layers):
@@ -119,7 +127,9 @@ def gptq(model: Any, fmt: QuantFormat, samples: torch.Tensor,
                 h.remove()
         for name, lin in lins.items():
             hessian = sums[name] * (2.0 / max(counts[name], 1))
-            lin.weight.copy_(gptq_matrix(lin.weight, hessian, fmt))
+            q, scales[f"layers.{index}.{name}"] = gptq_matrix(lin.weight, hessian, fmt)
+            lin.weight.copy_(q)
         inputs = [layer(x, **kwargs) for x in inputs]
         if progress:
             progress(index + 1, len(all_layers))
+    return scales
