@@ -2,8 +2,8 @@
 
 Checkpoints (`loadwise quant export`): W8A8 (int8 weights per channel, int8 activations per
 token, vLLM's oneDNN int8 kernel, float32 elsewhere) and W4A16 (int4 weights in groups of 64,
-CPUWNA16, which runs bf16 activations only), each rounded to nearest and after DualQuant's
-scales; references: the float32 model served in float32 and in bf16. Per server (same engine
+CPUWNA16, which runs bf16 activations only), each rounded to nearest, after DualQuant's
+scales, by GPTQ or by the hessian method (``--checkpoints``); references: the float32 model served in float32 and in bf16. Per server (same engine
 settings, every core bound, eager):
 
 1. Perplexity through the engine (vLLM's echo with logprobs, token ids as given) on the same
@@ -37,15 +37,15 @@ from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
 from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
-from loadwise.quant.export import ExportConfig, export
+from loadwise.quant.export import EXPORT_HESSIAN, ExportConfig, export
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
 from loadwise.vllm.server import ServerProcess
 
-CHECKPOINTS = {"w8a8-rtn": ExportConfig("w8a8", "rtn"),
-               "w8a8-dualquant": ExportConfig("w8a8", "dualquant"),
-               "w4a16-rtn": ExportConfig("w4a16", "rtn"),
-               "w4a16-dualquant": ExportConfig("w4a16", "dualquant")}
+CHECKPOINTS = {f"{scheme}-{method}": ExportConfig(scheme, method)
+               for scheme in ("w8a8", "w4a16")
+               for method in ("rtn", "dualquant", "gptq", "hessian")}
+DEFAULT_CHECKPOINTS = "w8a8-rtn,w8a8-dualquant,w4a16-rtn,w4a16-dualquant"
 
 
 def runtime_of(name: str) -> RuntimeSettings:
@@ -55,6 +55,12 @@ def runtime_of(name: str) -> RuntimeSettings:
 
 def harness_spec(cfg: ExportConfig) -> QuantSpec:
     return QuantSpec(cfg.weight_format, cfg.activation_format)
+
+
+def harness_config(cfg: ExportConfig, windows: int) -> EvalConfig:
+    """The harness's evaluation of the weights ``cfg`` exports (the hessian method as export
+    runs it: no online rotation, activations at full range; it reads export's finished run)."""
+    return EvalConfig(cfg.method, harness_spec(cfg), "ptb", windows, hessian=EXPORT_HESSIAN)
 
 
 def engine_ppl(url: str, model: str, windows: Any) -> dict[str, Any]:
@@ -74,13 +80,16 @@ def main() -> None:
     ap.add_argument("--loads", default="1,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--agree-prompts", type=int, default=16)
+    ap.add_argument("--checkpoints", default=DEFAULT_CHECKPOINTS,
+                    help=f"comma-separated, of {', '.join(CHECKPOINTS)}")
     args = ap.parse_args()
+    chosen = {n: CHECKPOINTS[n] for n in args.checkpoints.split(",")}
     made_by = provenance()
     t0 = time.perf_counter()
     base_dir = prepare().path
     dirs = {"fp32": base_dir, "bf16": base_dir}
     export_s = {}
-    for name, cfg in CHECKPOINTS.items():
+    for name, cfg in chosen.items():
         t = time.perf_counter()
         dirs[name] = export(base_dir, loadwise_home() / "quant" / name, cfg)
         export_s[name] = round(time.perf_counter() - t, 1)
@@ -90,8 +99,8 @@ def main() -> None:
     harness = {"fp32": session.evaluate(EvalConfig("fp32", QuantSpec(None), "ptb",
                                                    args.windows)).perplexity.to_json()}
     harness["bf16"] = harness["fp32"]  # the harness computes in float32
-    for name, cfg in CHECKPOINTS.items():
-        rec = session.evaluate(EvalConfig(cfg.method, harness_spec(cfg), "ptb", args.windows))
+    for name, cfg in chosen.items():
+        rec = session.evaluate(harness_config(cfg, args.windows))
         harness[name] = rec.perplexity.to_json()
         session.forget()
     print(f"[{time.perf_counter() - t0:5.0f} s] harness {({n: round(h['ppl'], 3) for n, h in harness.items()})}",
@@ -148,9 +157,9 @@ def main() -> None:
         **made_by, "binding": base.cpu_binding.to_json(),
         "config": {**vars(args), "engine": {"max_num_seqs": base.max_num_seqs,
                                             "enforce_eager": True, "kv_cache_space_gib": 1},
-                   "checkpoints": {n: dataclasses.asdict(c) for n, c in CHECKPOINTS.items()},
+                   "checkpoints": {n: dataclasses.asdict(c) for n, c in chosen.items()},
                    "harness_formats": {n: harness_spec(c).to_json()
-                                       for n, c in CHECKPOINTS.items()}},
+                                       for n, c in chosen.items()}},
         "export_s": export_s, "engine_ppl": engine, "harness_ppl": harness,
         "answers": answers, "speed": speed, "summary": summary,
         "wall_s": round(time.perf_counter() - t0, 1)})
