@@ -37,7 +37,7 @@ from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
 from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
-from loadwise.quant.export import EXPORT_HESSIAN, ExportConfig, export
+from loadwise.quant.export import ExportConfig, export
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
 from loadwise.vllm.server import ServerProcess
@@ -60,7 +60,7 @@ def harness_spec(cfg: ExportConfig) -> QuantSpec:
 def harness_config(cfg: ExportConfig, windows: int) -> EvalConfig:
     """The harness's evaluation of the weights ``cfg`` exports (the hessian method as export
     runs it: no online rotation, activations at full range; it reads export's finished run)."""
-    return EvalConfig(cfg.method, harness_spec(cfg), "ptb", windows, hessian=EXPORT_HESSIAN)
+    return EvalConfig(cfg.method, harness_spec(cfg), "ptb", windows, hessian=cfg.hessian)
 
 
 def engine_ppl(url: str, model: str, windows: Any) -> dict[str, Any]:

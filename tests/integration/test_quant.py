@@ -30,17 +30,25 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration
-def test_an_exported_w8a8_checkpoint_serves_with_the_harness_perplexity(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["dualquant", "hessian"])
+def test_an_exported_w8a8_checkpoint_serves_with_the_harness_perplexity(
+        tmp_path: Path, method: str) -> None:
+    """The hessian method's weights carry the scales it fixed (GPTQ's, clipped ranges): the
+    engine reading them back computes what the harness simulated."""
     out = tmp_path / "w8a8"
-    done = _cli("quant", "export", "--scheme", "w8a8", "--method", "dualquant", "--out", str(out))
+    small = ["--hessian-segments", "1", "--hessian-tokens", "256"]  # a quick run of the method
+    done = _cli("quant", "export", "--scheme", "w8a8", "--method", method, "--out", str(out),
+                *small)
     assert done.returncode == 0, done.stderr
     text = tmp_path / "ptb.txt"
     text.write_text(data.ptb("valid")[:6000])
     session = Session(prepare().path)
     ids = data.tokens(session.tokenizer, text.read_text())[:TOKENS]
-    cfg = ExportConfig("w8a8", "dualquant")
-    model = session.quantized(EvalConfig("dualquant", QuantSpec(cfg.weight_format,
-                                                                cfg.activation_format)), 0.5)
+    cfg = ExportConfig("w8a8", method, hessian_segments=1, hessian_tokens=256)
+    # The harness reads the export's finished run back (same directory): the same weights.
+    model = session.quantized(EvalConfig(method, QuantSpec(cfg.weight_format,
+                                                           cfg.activation_format),
+                                         hessian=cfg.hessian), 0.5)
     import torch
 
     with torch.no_grad():

@@ -55,7 +55,8 @@ def test_the_sensitivity_estimate_matches_finite_differences_of_the_final_kl(nam
     for t, j in ((0, 1), (2, 5), (4, 9), (5, 3)):
         kl = []
         for sign in (1.0, -1.0):
-            def nudge(_: Any, __: Any, out: torch.Tensor, s: float = sign) -> torch.Tensor:
+            def nudge(_: Any, __: Any, out: torch.Tensor, s: float = sign, t: int = t,
+                      j: int = j) -> torch.Tensor:
                 out = out.clone()
                 out[0, t, j] += s * eps
                 return out

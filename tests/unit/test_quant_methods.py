@@ -204,11 +204,11 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors.torch import load_file
 
-    from loadwise.quant.export import EXPORT_HESSIAN, ExportConfig, export, ptb_calibration
+    from loadwise.quant.export import ExportConfig, export, ptb_calibration
 
     src = tiny_dir(tiny, tmp_path)
     monkeypatch.setenv("LOADWISE_HOME", str(tmp_path / "home"))
-    cfg = ExportConfig(scheme, method, group_size=16)
+    cfg = ExportConfig(scheme, method, group_size=16, hessian_segments=2, hessian_tokens=256)
     out = export(src, tmp_path / "out", cfg)
     config = json.loads((out / "config.json").read_text())
     QuantizationConfig.model_validate(config["quantization_config"])
@@ -229,7 +229,7 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     if method == "dualquant":
         smoothing.dualquant(ref, cfg.weight_format)
     if method in ("gptq", "hessian"):  # rounded by the method: the harness's weights as they are
-        methods.prepare(ref, MethodConfig(method, hessian=EXPORT_HESSIAN),
+        methods.prepare(ref, MethodConfig(method, hessian=cfg.hessian),
                         QuantSpec(cfg.weight_format, cfg.activation_format), ptb_calibration(src))
         got = ref.model.layers[1].mlp.down_proj.weight
         assert torch.allclose(w, got.to(w.dtype).float(), rtol=1e-2, atol=1e-6)

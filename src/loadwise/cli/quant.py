@@ -13,6 +13,7 @@ from loadwise.cli.common import UsageError, console, print_provenance
 from loadwise.quant.catalog import (
     ALPHA_WINDOWS,
     CALIB_SEGMENTS,
+    CALIB_TOKENS,
     EXPORT_METHODS,
     HESSIAN_SEGMENTS,
     HESSIAN_TOKENS,
@@ -85,6 +86,10 @@ def add_parser(sub: Any) -> None:
     x.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's alpha")
     x.add_argument("--group-size", type=int, default=64,
                    help="w4a16's group size; must divide every linear's input size")
+    x.add_argument("--hessian-segments", type=int, default=HESSIAN_SEGMENTS,
+                   help="hessian: calibration segments it solves on")
+    x.add_argument("--hessian-tokens", type=int, default=HESSIAN_TOKENS,
+                   help="hessian: tokens of each (at most 2048)")
     x.add_argument("--model", help="model directory (default: the embedded model)")
     x.add_argument("--out", required=True, help="checkpoint directory to write (replaced)")
     x.set_defaults(func=run_export)
@@ -104,10 +109,19 @@ def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], Non
     return update
 
 
+def check_hessian(method: str, segments: int, calib_segments: int, tokens: int) -> None:
+    if method != "hessian":
+        return
+    if not 1 <= segments <= calib_segments:
+        raise UsageError(f"--hessian-segments must be 1 to the calibration segments "
+                         f"({calib_segments}), got {segments}")
+    if not 1 <= tokens <= CALIB_TOKENS:
+        raise UsageError(f"--hessian-tokens must be 1 to {CALIB_TOKENS}, got {tokens}")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.provenance import provenance
-    from loadwise.quant.catalog import CALIB_TOKENS
     from loadwise.quant.hessian import HessianConfig
     from loadwise.quant.run import PTB_TEST, EvalConfig, Session
     from loadwise.quant.spec import QuantSpec
@@ -117,12 +131,7 @@ def run_eval(args: argparse.Namespace) -> int:
                            args.group_size, args.asym_weights)
     if args.text and not Path(args.text).is_file():
         raise UsageError(f"--text {args.text}: no such file")
-    if args.method == "hessian" and not 1 <= args.hessian_segments <= args.calib_segments:
-        raise UsageError(f"--hessian-segments must be 1 to --calib-segments "
-                         f"({args.calib_segments}), got {args.hessian_segments}")
-    if args.method == "hessian" and not 1 <= args.hessian_tokens <= CALIB_TOKENS:
-        raise UsageError(f"--hessian-tokens must be 1 to {CALIB_TOKENS}, got "
-                         f"{args.hessian_tokens}")
+    check_hessian(args.method, args.hessian_segments, args.calib_segments, args.hessian_tokens)
     cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
                      calib_segments=args.calib_segments,
                      hessian=HessianConfig(args.hessian_segments, args.hessian_tokens))
@@ -152,8 +161,10 @@ def run_export(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.quant.export import ExportConfig, export
 
+    check_hessian(args.method, args.hessian_segments, CALIB_SEGMENTS, args.hessian_tokens)
     cfg = ExportConfig(args.scheme, args.method, smooth_alpha=args.alpha,
-                       group_size=args.group_size)
+                       group_size=args.group_size, hessian_segments=args.hessian_segments,
+                       hessian_tokens=args.hessian_tokens)
     model_dir = Path(args.model) if args.model else prepare().path
     t0 = time.perf_counter()
     with console.status(f"exporting ({args.method})") as status:

