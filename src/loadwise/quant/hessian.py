@@ -49,6 +49,7 @@ from loadwise.quant.llama import (
     layers,
     linears,
     o_in_to_kv,
+    per_kv_channel_max,
 )
 from loadwise.quant.rotation import random_orthogonal
 from loadwise.quant.sim import Prepared, SimLinear
@@ -216,9 +217,8 @@ class _Site:
 def _transforms(site: _Site, cfg: HessianConfig) -> dict[str, torch.Tensor | None]:
     w = consumer_weight(site.layer, site.site, site.shape)
     amax = site.x.abs().amax(dim=0)
-    if site.site == "o_in":  # per v_proj channel: the max over the query heads reading it
-        per_kv = torch.zeros(site.shape.num_kv_heads * site.shape.head_dim)
-        amax = per_kv.scatter_reduce(0, o_in_to_kv(site.shape), amax, reduce="amax")
+    if site.site == "o_in":
+        amax = per_kv_channel_max(site.shape, amax)
     out: dict[str, torch.Tensor | None] = {"none": None}
     for a in cfg.alphas:
         out[f"smoothquant:{a:g}"] = smoothing.smoothquant_scales(amax, w, a)

@@ -93,6 +93,13 @@ def o_in_to_kv(shape: Shape) -> torch.Tensor:
     return torch.tensor(idx)
 
 
+def per_kv_channel_max(shape: Shape, o_in: torch.Tensor) -> torch.Tensor:
+    """Per-channel maxima over o_proj's input (``[heads * d]``) as one per v_proj output
+    channel: the max over the query heads that read it."""
+    per_kv = torch.zeros(shape.num_kv_heads * shape.head_dim, dtype=o_in.dtype)
+    return per_kv.scatter_reduce(0, o_in_to_kv(shape), o_in, reduce="amax")
+
+
 @torch.no_grad()
 def fold_scales(layer: Any, site: str, s: torch.Tensor, shape: Shape) -> None:
     """Divide input ``site``'s channels by ``s`` at their producer and multiply the consumers'

@@ -26,7 +26,7 @@ from loadwise.quant.llama import (
     consumers,
     fold_scales,
     layers,
-    o_in_to_kv,
+    per_kv_channel_max,
 )
 
 DUAL_ALPHAS = tuple(a / 10 for a in range(11))
@@ -55,11 +55,8 @@ def activation_absmax(model: Any, samples: torch.Tensor) -> list[dict[str, torch
     finally:
         for h in handles:
             h.remove()
-    kv_of = o_in_to_kv(shape)
     for per_site in stats:
-        o = per_site["o_in"]
-        per_kv = torch.zeros(shape.num_kv_heads * shape.head_dim)
-        per_site["o_in"] = per_kv.scatter_reduce(0, kv_of, o, reduce="amax")
+        per_site["o_in"] = per_kv_channel_max(shape, per_site["o_in"])
     return stats
 
 
