@@ -178,3 +178,21 @@ def test_half_the_weighted_error_predicts_the_kl_when_errors_are_small() -> None
     assert ratios.median() == pytest.approx(1.0, rel=0.25), ratios
     mse_ratios = torch.tensor([r.kl / r.output_mse for r in rows])
     assert mse_ratios.max() > 10 * mse_ratios.min()
+
+
+def test_the_progress_line_shows_a_bar_and_the_time_left_from_the_rate_so_far(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadwise.cli import quant as cli_quant
+
+    clock = iter([100.0, 110.0, 130.0, 135.0])
+    monkeypatch.setattr(cli_quant.time, "monotonic", lambda: next(clock))
+    shown: list[str] = []
+    update = cli_quant.eta_progress(shown.append)
+    update("hessian layers", 0, 30)
+    update("hessian layers", 1, 30)  # 10 s per layer so far: 29 left
+    update("hessian layers", 3, 30)  # 30 s for 3 layers: 27 left
+    update("sensitivity", 0, 1)  # another step has its own clock
+    assert shown[0] == "hessian layers [....................] 0/30"
+    assert shown[1].endswith("1/30, about 290 s left")
+    assert shown[2] == "hessian layers [##..................] 3/30, about 270 s left"
+    assert shown[3].startswith("sensitivity [") and "left" not in shown[3]

@@ -96,7 +96,8 @@ def add_parser(sub: Any) -> None:
 
 
 def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], None]:
-    """A progress callback that shows ``what i/n`` with the time left, from the rate so far."""
+    """A progress callback that shows ``what [bar] i/n`` with the time left, from the rate so
+    far."""
     started: dict[str, tuple[float, int]] = {}
 
     def update(what: str, i: int, n: int) -> None:
@@ -105,7 +106,8 @@ def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], Non
         eta = ""
         if i > i0 and i < n:
             eta = f", about {(now - t0) / (i - i0) * (n - i):.0f} s left"
-        show(f"{what} {i}/{n}{eta}")
+        filled = round(20 * i / n) if n else 20
+        show(f"{what} [{'#' * filled}{'.' * (20 - filled)}] {i}/{n}{eta}")
     return update
 
 
