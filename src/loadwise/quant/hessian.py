@@ -275,7 +275,7 @@ def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: d
             if e < best:
                 best_name, best_s, best = name, s, e
         if site_name == "down_in" and rotation is not None:
-            for name in {"none", best_name}:
+            for name in dict.fromkeys(("none", best_name)):  # in a fixed order
                 e = sum(site.error(options[name], rotation, 1.0).values())
                 if e < best:
                     best_name, best_s, best_rot, best = name, options[name], True, e
