@@ -150,8 +150,9 @@ def fit(xg: torch.Tensor, fmt: QuantFormat, tensor_amax: torch.Tensor | None = N
     t_scale = (t_amax / (E4M3_MAX * E2M1_MAX)).clamp(min=torch.finfo(torch.float32).tiny) \
         if t_amax > 0 else torch.ones((), device=xg.device)
     block = (amax / E2M1_MAX / t_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
-    scale = block * t_scale
-    return GroupParams(torch.where(scale > 0, scale, torch.ones_like(scale)))
+    # A block scale that underflows e4m3 (or an all-zero group) falls back to a block of 1, a
+    # valid e4m3 value: the group's elements are below a hundredth of it and round to 0 anyway.
+    return GroupParams(torch.where(block > 0, block * t_scale, t_scale.expand_as(block)))
 
 
 def quantize_given(xg: torch.Tensor, fmt: QuantFormat, p: GroupParams) -> torch.Tensor:
