@@ -196,3 +196,16 @@ def test_the_progress_line_shows_a_bar_and_the_time_left_from_the_rate_so_far(
     assert shown[1].endswith("1/30, about 290 s left")
     assert shown[2] == "hessian layers [##..................] 3/30, about 270 s left"
     assert shown[3].startswith("sensitivity [") and "left" not in shown[3]
+
+
+def test_records_written_before_the_hessian_method_still_read() -> None:
+    import json
+
+    from loadwise.quant.run import EvalRecord
+
+    path = Path(__file__).parents[2] / "benchmarks/results/quant-ppl-20261206-102753.json"
+    row = json.loads(path.read_text())["runs"][2]
+    assert "hessian" not in row["config"]
+    rec = EvalRecord.from_json(row)
+    assert rec.config.hessian == HessianConfig() and rec.config.method == "rtn"
+    assert EvalRecord.from_json(rec.to_json()) == rec

@@ -34,14 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from loadwise.quant import formats, smoothing
 from loadwise.quant.catalog import HESSIAN_SEGMENTS, HESSIAN_TOKENS, SMOOTH_ALPHAS
 from loadwise.quant.fisher import output_fisher
 from loadwise.quant.formats import QuantFormat, fit, grouped
 from loadwise.quant.llama import (
+    CONSUMERS,
     INPUTS,
+    KV_LINEARS,
     Shape,
     consumer_weight,
     consumers,
@@ -50,13 +51,12 @@ from loadwise.quant.llama import (
     linears,
     o_in_to_kv,
     per_kv_channel_max,
+    set_linear,
 )
 from loadwise.quant.rotation import random_orthogonal
 from loadwise.quant.sim import Prepared, SimLinear
 from loadwise.quant.spec import QuantSpec
 from loadwise.quant.weights import gptq_matrix, layer_inputs
-
-KV_LINEARS = ("k_proj", "v_proj")
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,7 @@ class _Site:
                  spec: QuantSpec, shape: Shape) -> None:
         self.layer, self.site, self.spec, self.shape = layer, site, spec, shape
         self.x = x
-        self.names = [n for n, lin in linears(layer).items()
-                      if any(lin is c for c in consumers(layer, site))]
+        self.names = CONSUMERS[site]
         self.fisher = {n: fisher[n].float() for n in self.names}
         self.targets = {n: x @ linears(layer)[n].weight.detach().T for n in self.names}
 
@@ -244,11 +243,6 @@ def _capture(layer: Any, site: str, inputs: list[torch.Tensor],
     return torch.cat(got)
 
 
-def _set_linear(layer: Any, name: str, module: nn.Module) -> None:
-    parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
-    setattr(parent, name, module)
-
-
 @torch.no_grad()
 def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: dict[str, Any],
                    fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
@@ -271,6 +265,8 @@ def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: d
         best_name, best_s, best_rot, best = "none", None, False, start
         options = _transforms(site, cfg)
         for name, s in options.items():
+            if s is None:
+                continue  # "none": scored above as the start
             e = sum(site.error(s, None, 1.0).values())
             if e < best:
                 best_name, best_s, best = name, s, e
@@ -340,11 +336,11 @@ def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: d
         choice.error = sum(choices.linears[n].error for n in site.names)
         for n in site.names:
             kv = spec.kv if n in KV_LINEARS else None
-            _set_linear(layer, n, SimLinear(originals[n], spec.activations, kv, rot,
+            set_linear(layer, n, SimLinear(originals[n], spec.activations, kv, rot,
                                             choice.act_clip, choices.linears[n].out_clip))
     outputs = [layer(x, **kwargs) for x in inputs]  # as simulated: the next layer's inputs
     for n, lin in originals.items():
-        _set_linear(layer, n, lin)
+        set_linear(layer, n, lin)
     return LayerResult(choices, rotations, scales, outputs)
 
 
@@ -421,8 +417,7 @@ def quantize_model(model: Any, spec: QuantSpec, samples: torch.Tensor, cfg: Hess
         for name, sc in rec["scales"].items():
             prepared.weight_scales[f"layers.{i}.{name}"] = sc
         for site_name, sc_choice in lc.sites.items():
-            for lin in consumers(all_layers[i], site_name):
-                name = next(k for k, v in linears(all_layers[i]).items() if v is lin)
+            for name in CONSUMERS[site_name]:
                 prepared.act_clip[f"layers.{i}.{name}"] = sc_choice.act_clip
         for name, lin_choice in lc.linears.items():
             if name in KV_LINEARS:

@@ -78,10 +78,20 @@ def all_linears(model: Any) -> Iterator[tuple[str, nn.Linear]]:
 INPUTS = ("attn_in", "o_in", "mlp_in", "down_in")
 
 
+CONSUMERS = {"attn_in": ("q_proj", "k_proj", "v_proj"), "o_in": ("o_proj",),
+             "mlp_in": ("gate_proj", "up_proj"), "down_in": ("down_proj",)}
+ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+KV_LINEARS = ("k_proj", "v_proj")  # their outputs are what the KV cache holds
+
+
 def consumers(layer: Any, site: str) -> list[nn.Linear]:
     lin = linears(layer)
-    return {"attn_in": [lin["q_proj"], lin["k_proj"], lin["v_proj"]], "o_in": [lin["o_proj"]],
-            "mlp_in": [lin["gate_proj"], lin["up_proj"]], "down_in": [lin["down_proj"]]}[site]
+    return [lin[name] for name in CONSUMERS[site]]
+
+
+def set_linear(layer: Any, name: str, module: nn.Module) -> None:
+    """Put ``module`` in the place of the layer's linear ``name`` (``v_proj``)."""
+    setattr(layer.self_attn if name in ATTENTION_LINEARS else layer.mlp, name, module)
 
 
 def o_in_to_kv(shape: Shape) -> torch.Tensor:

@@ -68,7 +68,10 @@ class EvalRecord:
         c = d["config"]
         cfg = EvalConfig(c["method"], QuantSpec.from_json(c["spec"]), c["text"],
                          c["max_windows"], c["alpha"], c["alpha_windows"], c["calib_segments"],
-                         c["calib_tokens"], c["seed"], HessianConfig.from_json(c["hessian"]))
+                         c["calib_tokens"], c["seed"],
+                         # Records written before the hessian method have no such field.
+                         HessianConfig.from_json(c["hessian"]) if "hessian" in c
+                         else HessianConfig())
         return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
                    d["prepare_s"], d["eval_s"])
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from loadwise.quant import formats
-from loadwise.quant.llama import all_linears, layers, linears
+from loadwise.quant.llama import KV_LINEARS, all_linears, layers, linears
 from loadwise.quant.spec import QuantSpec
 
 
@@ -89,7 +89,7 @@ def study(model: Any, spec: QuantSpec, ids: torch.Tensor, fisher: dict[str, torc
     for k, unit in enumerate(todo):
         if unit.endswith(".kv"):
             layer = layers(model)[int(unit.split(".")[1])]
-            targets = {f"{unit[:-3]}.{n}": linears(layer)[n] for n in ("k_proj", "v_proj")}
+            targets = {f"{unit[:-3]}.{n}": linears(layer)[n] for n in KV_LINEARS}
             probe = _Probe(spec, fisher, {})
         else:
             targets = {unit: by_name[unit]}

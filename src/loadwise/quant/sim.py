@@ -12,7 +12,7 @@ from torch import nn
 
 from loadwise.quant import formats
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.llama import all_linears, layers, linears
+from loadwise.quant.llama import KV_LINEARS, all_linears, layers, linears, set_linear
 from loadwise.quant.spec import QuantSpec
 
 
@@ -64,11 +64,9 @@ def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None) -> A
     for layer in layers(model):
         for name, lin in linears(layer).items():
             full = names[id(lin)]
-            out = spec.kv if name in ("k_proj", "v_proj") else None
-            sim = SimLinear(lin, spec.activations, out, Prepared.lookup(p.rotate_in, full),
-                            Prepared.lookup(p.act_clip, full) or 1.0,
-                            Prepared.lookup(p.out_clip, full) or 1.0)
-            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") \
-                else layer.mlp
-            setattr(parent, name, sim)
+            out = spec.kv if name in KV_LINEARS else None
+            set_linear(layer, name, SimLinear(lin, spec.activations, out,
+                                              Prepared.lookup(p.rotate_in, full),
+                                              Prepared.lookup(p.act_clip, full) or 1.0,
+                                              Prepared.lookup(p.out_clip, full) or 1.0))
     return model
