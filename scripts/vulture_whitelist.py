@@ -113,3 +113,4 @@ _.log_engine_initialized  # unused method (src/loadwise/vllm/metrics.py:148)
 _.__qualname__  # unused attribute (src/loadwise/vllm/scheduler.py:121)
 _.forward  # unused method (src/loadwise/quant/sim.py:30): torch's Module.__call__ calls it
 nll_delta  # unused variable (src/loadwise/quant/sensitivity.py:31): a record field the study benchmark reads
+OrderingScheduler  # unused class (src/loadwise/sched/engine.py:122): vLLM loads it by path (scheduler_cls)

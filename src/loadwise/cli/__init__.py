@@ -17,6 +17,7 @@ from loadwise.cli import (
     invariance,
     kv,
     model,
+    predictor,
     quant,
     report,
     serve,
@@ -26,7 +27,8 @@ from loadwise.cli import (
 from loadwise.cli.common import err
 from loadwise.errors import LoadwiseError
 
-COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, drafter, quant, demo)
+COMMANDS = (model, serve, tune, report, evaluate, kv, status, invariance, drafter, predictor,
+            quant, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

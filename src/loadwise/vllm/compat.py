@@ -289,3 +289,70 @@ def drafter_model(runner: Any) -> Any:
 def batch_req_ids(runner: Any) -> list[str]:
     """Request ids in the order of the runner's batch rows (the drafter's rows)."""
     return list(runner.input_batch.req_ids)
+
+
+# --- ordering (loadwise.sched.engine) ------------------------------------------------------
+def scheduling_policy(scheduler: Any) -> str:
+    """``fcfs`` or ``priority`` (vLLM's ``SchedulingPolicy`` value)."""
+    return str(scheduler.policy.value)
+
+
+def waiting_requests(scheduler: Any) -> list[Any]:
+    """Every request in the scheduler's waiting queues (order unspecified)."""
+    out: list[Any] = []
+    for name in ("waiting", "kv_holding_waiting"):
+        queue = getattr(scheduler, name, None)
+        if queue is not None:
+            out += list(getattr(queue, "_heap", queue))
+    return out
+
+
+def reorder_waiting(scheduler: Any) -> None:
+    """Restore the priority queues' heap order after their requests' priorities changed."""
+    import heapq
+
+    for name in ("waiting", "kv_holding_waiting"):
+        heap = getattr(getattr(scheduler, name, None), "_heap", None)
+        if heap is not None:
+            heapq.heapify(heap)
+
+
+def preempt_running(scheduler: Any, request: Any) -> bool:
+    """Preempt a running request as vLLM does when KV blocks run out (its blocks freed, the
+    request back in the waiting queue, the worker told through the next step's output);
+    False when it is no longer running."""
+    import time
+
+    from vllm.v1.request import RequestStatus
+
+    if request.status != RequestStatus.RUNNING or request not in scheduler.running:
+        return False
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, time.monotonic())
+    return True
+
+
+def request_progress(request: Any) -> tuple[int, int, int]:
+    """(computed tokens, output tokens, preemptions) of a vLLM Request."""
+    return (int(request.num_computed_tokens), int(request.num_output_tokens),
+            int(request.num_preemptions))
+
+
+def output_req_ids(model_runner_output: Any) -> list[str]:
+    return list(model_runner_output.req_ids)
+
+
+def target_model(runner: Any) -> Any:
+    """The served model of a model runner; its ``compute_logits`` gets the final hidden state
+    (after the final norm) of each row that is sampled, one row per request without
+    speculation, in the order of ``runner.input_batch.req_ids``."""
+    return runner.model
+
+
+def runner_prompt_ids(runner: Any, req_id: str) -> list[int] | None:
+    state = runner.requests.get(req_id)
+    return None if state is None else list(state.prompt_token_ids or [])
+
+
+def live_runner_req_ids(runner: Any) -> set[str]:
+    return set(runner.requests)

@@ -17,6 +17,7 @@ logged once and the engine goes back to the static table it started with.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ def register() -> None:
     scheduler_hooks.add_init_hook(attach_gate)
     _register_adaptive()
     _register_gate()
+    _register_length_features()
     _register_warmup()
 
 
@@ -94,6 +96,35 @@ def _register_gate() -> None:
         _default_to_loadwise_scheduler()
     except Exception:
         logger.exception("loadwise: draft gate registration failed; vLLM runs without it")
+
+
+_length_registered = False
+# Worker hooks of capabilities above this layer, named by module path as vLLM names scheduler
+# and connector classes: the plugin loads them in the worker, never imports them here.
+LENGTH_FEATURES_HOOK = "loadwise.sched.worker"
+
+
+def _register_length_features() -> None:
+    """The worker side of ordering by predicted work (``loadwise.sched.worker``): refined
+    length predictions from the model's hidden states."""
+    global _length_registered
+    if _length_registered or not envvars.LENGTH_FEATURES.is_set() or not on_cpu():
+        return
+    _length_registered = True
+    ensure_log_handler()
+    try:
+        compat.after_cpu_model_load(_guarded_length_install)
+    except Exception:
+        logger.exception("loadwise: length refinement not registered; arrival predictions only")
+
+
+def _guarded_length_install(runner: Any) -> None:
+    if not envvars.LENGTH_FEATURES.is_set():  # an engine of this process started without it
+        return
+    try:
+        importlib.import_module(LENGTH_FEATURES_HOOK).install(runner)
+    except Exception:
+        logger.exception("loadwise: length refinement not installed; arrival predictions only")
 
 
 def _register_warmup() -> None:

