@@ -290,7 +290,11 @@ def main() -> None:
               "burst": [{k: v for k, v in r.items() if k not in ("prompt_ids", "token_ids")}
                         for r in burst],
               "cells": cells, "ratios": per_rate, "oracle_share": shares,
-              "identical_to_fcfs": same, "summary_rule": __doc__.split("Summary rule, ")[1]
+              "identical_to_fcfs": same,
+              "serve_settings": (work / "cap.log").read_text().splitlines()[:2],
+              "predictor": json.loads((Path(args.predictor) / "predictor.json").read_text())
+              .get("meta", {}),
+              "summary_rule": __doc__.split("Summary rule, ")[1]
               .split("\n\n")[0], "elapsed_s": time.time() - t_start}
     path = write_result("sched-latency", result)
     plot(result, path.with_suffix(".png"))

@@ -23,7 +23,7 @@ from loadwise.sched.predictor import OracleLengths, ids_key
 
 from .test_serve import _start_serve, _stop
 
-LONG_TOKENS = 300
+LONG_TOKENS = 200
 SHORT_TOKENS = 4
 
 
@@ -37,21 +37,37 @@ def _chat(url: str, prompt: str, max_tokens: int, out: dict[str, Any], key: str)
     out[key] = {"done_s": time.monotonic(), "token_ids": r.json()["choices"][0]["token_ids"]}
 
 
+def _in_engine(url: str) -> int:
+    """Requests the engine holds (running + waiting), from vLLM's /metrics."""
+    total = 0.0
+    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def _send(url: str, prompt: str, max_tokens: int, out: dict[str, Any], key: str,
+          threads: list[threading.Thread]) -> None:
+    """Send one request and wait until the engine holds it (arrival order is send order)."""
+    before = _in_engine(url)
+    t = threading.Thread(target=_chat, args=(url, prompt, max_tokens, out, key))
+    t.start()
+    threads.append(t)
+    deadline = time.monotonic() + 60
+    while _in_engine(url) <= before and key not in out and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _race(url: str) -> dict[str, Any]:
     """Three long requests, then a short one while the first runs; each one's finish time and
     tokens."""
     out: dict[str, Any] = {}
-    threads = []
+    threads: list[threading.Thread] = []
     for i in range(3):
-        t = threading.Thread(target=_chat, args=(url, f"Tell story number {i} about a harbour.",
-                                                 LONG_TOKENS, out, f"long{i}"))
-        t.start()
-        threads.append(t)
-        time.sleep(0.3)
-    time.sleep(0.5)
-    t = threading.Thread(target=_chat, args=(url, "Say hi.", SHORT_TOKENS, out, "short"))
-    t.start()
-    threads.append(t)
+        _send(url, f"Tell story number {i} about a harbour.", LONG_TOKENS, out, f"long{i}",
+              threads)
+    time.sleep(0.3)
+    _send(url, "Say hi.", SHORT_TOKENS, out, "short", threads)
     for t in threads:
         t.join(timeout=600)
     return out
