@@ -17,6 +17,6 @@ status=0
 # The in-process engine tests run on a compiled engine (as tune and evaluate do); the other
 # integration files start --enforce-eager engines (seconds instead of minutes each).
 LOADWISE_TEST_COMPILED=1 .venv/bin/python -m pytest -q --durations=8 tests/unit benchmarks/tests tests/integration/test_engine.py "$@" || status=1
-.venv/bin/python -m pytest -q --durations=8 tests/integration/test_serve.py tests/integration/test_binding.py tests/integration/test_kv_connector.py tests/integration/test_kv_faults.py tests/integration/test_drafter.py tests/integration/test_quant.py "$@" || status=1
+.venv/bin/python -m pytest -q --durations=8 tests/integration/test_serve.py tests/integration/test_binding.py tests/integration/test_kv_connector.py tests/integration/test_kv_faults.py tests/integration/test_drafter.py tests/integration/test_quant.py tests/integration/test_sched.py "$@" || status=1
 .venv/bin/python -m pytest -q --durations=8 tests/integration/test_tune_adaptive.py tests/integration/test_disagg.py tests/integration/test_invariance.py "$@" || status=1
 exit $status

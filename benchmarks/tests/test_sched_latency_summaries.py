@@ -11,6 +11,7 @@ from sched_latency import (
     percentile,
     poisson_offsets,
     ratios,
+    saturated_rate,
 )
 
 
@@ -78,3 +79,12 @@ def test_poisson_offsets_are_seeded_and_start_at_zero() -> None:
     assert a == b and a[0] == 0.0 and a == sorted(a)
     assert 15 < a[-1] < 40  # 49 gaps of mean 0.5 s
     assert poisson_offsets(50, 2.0, 8) != a
+
+
+def test_saturated_rate_counts_completions_while_requests_queued() -> None:
+    # Two slots, four requests sent at 0: two finish at 2 and 3 s, the last admitted at 3 s.
+    burst = [req(0.0, 0.1, 2.0, 5), req(0.0, 0.1, 3.0, 5), req(0.0, 2.0, 6.0, 5),
+             req(0.0, 3.0, 9.0, 5)]
+    assert saturated_rate(burst) == pytest.approx(2 / 3.0)
+    with pytest.raises(ValueError, match="send more than the slots"):
+        saturated_rate([req(0.0, 0.1, 2.0, 5)])
