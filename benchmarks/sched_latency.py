@@ -25,7 +25,7 @@ requests' token ids equal fcfs's.
 Summary rule, used everywhere here: per rate and policy, the median over rounds of each round's
 ratio fcfs / policy (mean latency; for the long requests' p99, policy / fcfs).
 
-Usage: python benchmarks/sched_latency.py --predictor DIR [--rounds 2] [--requests 40]
+Usage: python benchmarks/sched_latency.py --predictor DIR [--rounds 2] [--requests 32]
 """
 
 from __future__ import annotations
@@ -221,9 +221,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--predictor", required=True, help="`loadwise predictor train` output")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--requests", type=int, default=40, help="requests per cell")
+    p.add_argument("--requests", type=int, default=32, help="requests per cell")
     p.add_argument("--rates", default="0.5,0.75,0.95", help="fractions of measured capacity")
-    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--cpu-binding", default="all")
     p.add_argument("--policies", default=",".join(POLICIES))
     args = p.parse_args()
