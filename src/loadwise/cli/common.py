@@ -277,6 +277,31 @@ def progress(description: str, total: int) -> Iterator[tuple[Callable[[str], Non
         yield advance, prog
 
 
+@contextmanager
+def stage_progress() -> Iterator[Callable[[str, int, int, str], None]]:
+    """A progress bar per stage of a long run, each with its time left; yields
+    ``report(stage, done, total, detail)``."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    tasks: dict[str, Any] = {}
+    with Progress(TextColumn("{task.fields[stage]:<14}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                  console=console) as prog:
+        def report(stage: str, done: int, total: int, detail: str) -> None:
+            if stage not in tasks:
+                tasks[stage] = prog.add_task(detail, total=total, stage=stage)
+            prog.update(tasks[stage], completed=done, total=total, description=detail)
+
+        yield report
+
+
 def config_default(cls: type, name: str) -> Any:
     """A config dataclass's default for ``name``: the parsers read their defaults from the
     configs, so each default is written once."""

@@ -7,7 +7,7 @@ import functools
 import json
 from typing import Any
 
-from loadwise.cli.common import UsageError, config_default, console
+from loadwise.cli.common import UsageError, config_default, console, stage_progress
 from loadwise.drafter.run import DrafterConfig
 
 
@@ -102,14 +102,6 @@ def _rounded(xs: list[float | None]) -> list[float | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from loadwise.model import prepare
 
     model = args.model or str(prepare().path)
@@ -118,16 +110,7 @@ def run(args: argparse.Namespace) -> int:
                         draft_vocab_size=args.draft_vocab_size, num_steps=args.num_steps,
                         epochs=args.epochs, held_out=args.held_out, lr=args.lr,
                         aux_layers=parse_aux_layers(args.aux_layers, model))
-    tasks: dict[str, Any] = {}
-    with Progress(TextColumn("{task.fields[stage]:<14}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                  console=console) as prog:
-        def report(stage: str, done: int, total: int, detail: str) -> None:
-            if stage not in tasks:
-                tasks[stage] = prog.add_task(detail, total=total, stage=stage)
-            prog.update(tasks[stage], completed=done, total=total, description=detail)
-
+    with stage_progress() as report:
         meta = _train(cfg, report)
     held = meta["held_out"]
     console.print(f"head written to {args.out} ({meta['train_time_s'] / 60:.1f} min training)")

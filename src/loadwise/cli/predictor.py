@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any
 
-from loadwise.cli.common import config_default, console
+from loadwise.cli.common import config_default, console, stage_progress
 from loadwise.sched.train import PredictorConfig
 
 
@@ -42,14 +42,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from loadwise.model import prepare
     from loadwise.sched.train import train_predictor
 
@@ -58,16 +50,7 @@ def run(args: argparse.Namespace) -> int:
                           vocab_size=args.vocab_size, hidden_units=args.hidden_units,
                           epochs=args.epochs, seed=args.seed,
                           enforce_eager=args.enforce_eager)
-    tasks: dict[str, Any] = {}
-    with Progress(TextColumn("{task.fields[stage]:<14}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                  console=console) as prog:
-        def report(stage: str, done: int, total: int, detail: str) -> None:
-            if stage not in tasks:
-                tasks[stage] = prog.add_task(detail, total=total, stage=stage)
-            prog.update(tasks[stage], completed=done, total=total, description=detail)
-
+    with stage_progress() as report:
         meta = train_predictor(cfg, report)
     held = meta["held_out"]
     console.print(f"predictor written to {args.out}; held-out ({meta['num_examples']['test']} "
