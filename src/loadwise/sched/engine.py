@@ -74,19 +74,16 @@ class Ordering:
         waiting = compat.waiting_requests(scheduler)
         running = list(scheduler.running)
         for req in waiting + running:
-            view = self.views.get(req.request_id)
-            if view is not None:
-                (view.num_computed_tokens, view.num_output_tokens,
-                 view.num_preemptions) = compat.request_progress(req)
+            self._sync(req)
         if self.cfg.preemptive and waiting:
             wv = [self.views[r.request_id] for r in waiting if r.request_id in self.views]
             rv = [self.views[r.request_id] for r in running if r.request_id in self.views]
             free = compat.max_num_seqs(scheduler) - len(running)
             for p in preemptions(rv, wv, free, now, self.cfg):
-                if compat.preempt_running(scheduler, live[p.victim]):
+                victim = live[p.victim]
+                if compat.preempt_running(scheduler, victim):
                     self.counts["preemptions"] += 1
-                    self.views[p.victim].num_preemptions += 1
-                    self.views[p.victim].num_computed_tokens = 0
+                    self._sync(victim)
             waiting = compat.waiting_requests(scheduler)
             running = list(scheduler.running)
         for req in waiting + running:
@@ -95,6 +92,13 @@ class Ordering:
                 req.priority = priority(view, now, self.cfg)
         compat.reorder_waiting(scheduler)
         self.ordering_s += time.perf_counter() - t0
+
+    def _sync(self, request: Any) -> None:
+        """The request's view from vLLM's own counts (after a step, or after a preemption)."""
+        view = self.views.get(request.request_id)
+        if view is not None:
+            (view.num_computed_tokens, view.num_output_tokens,
+             view.num_preemptions) = compat.request_progress(request)
 
     def after_output(self, model_runner_output: Any) -> None:
         if self.step_start_s is not None:

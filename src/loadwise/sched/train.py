@@ -11,6 +11,7 @@ figure reported is on the test split, which nothing was picked on.
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -227,8 +228,6 @@ def train_predictor(cfg: PredictorConfig, report: Report) -> dict[str, Any]:
                              cfg.enforce_eager)
     timings["answers_s"] = time.perf_counter() - t
     # After the engine: vLLM leaves this process at one torch thread.
-    import os
-
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     prompts = [e.prompt_ids for e in examples]
     lengths = np.asarray([max(len(e.answer_ids), 1) for e in examples], dtype=np.float64)

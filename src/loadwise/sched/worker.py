@@ -56,15 +56,15 @@ class _Refiner:
 
     def outputs(self, out: Any) -> None:
         hidden, self.hidden = self.hidden, None
-        if hidden is None or not hasattr(out, "sampled_token_ids"):
+        if hidden is None:
             return
         t0 = time.perf_counter()
-        req_ids = compat.output_req_ids(out)
-        if len(req_ids) != int(hidden.shape[0]) or len(req_ids) == 0:
+        sampled, row_of = compat.sampled_tokens(out)
+        if len(row_of) != int(hidden.shape[0]) or not row_of:
             return
         rows, ids, mu1 = [], [], []
-        for i, (rid, sampled) in enumerate(zip(req_ids, out.sampled_token_ids, strict=True)):
-            if not len(sampled) or rid in self.seen:
+        for rid, i in row_of.items():
+            if not len(sampled[i]) or rid in self.seen:
                 continue
             prompt = compat.runner_prompt_ids(self.runner, rid)
             if prompt is None:

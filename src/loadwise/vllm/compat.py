@@ -338,10 +338,6 @@ def request_progress(request: Any) -> tuple[int, int, int]:
             int(request.num_preemptions))
 
 
-def output_req_ids(model_runner_output: Any) -> list[str]:
-    return list(model_runner_output.req_ids)
-
-
 def target_model(runner: Any) -> Any:
     """The served model of a model runner; its ``compute_logits`` gets the final hidden state
     (after the final norm) of each row that is sampled, one row per request without
