@@ -119,10 +119,13 @@ class Client:
         self.max_tokens = max_tokens
         self.http = httpx.Client(timeout=600.0)
 
-    def send(self, messages: list[dict[str, str]], rec: Turn) -> None:
+    def send(self, messages: list[dict[str, str]], rec: Turn,
+             extra: dict[str, Any] | None = None) -> None:
+        """Send one chat request (``extra``: more fields of the body) and fill ``rec``."""
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "min_tokens": self.max_tokens, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}, "return_token_ids": True}
+                "stream_options": {"include_usage": True}, "return_token_ids": True,
+                **(extra or {})}
         t0 = time.perf_counter()
         rec.sent_at_s = time.time()
         parts: list[str] = []

@@ -33,7 +33,7 @@ _SCHED = ScheduleConfig()  # its defaults are the options'
 # The defaults of the options in NEEDS (the parser takes them from here).
 SERVE_DEFAULTS: dict[str, Any] = {
     "kv_ssd_gib": KV_SSD_GIB_DEFAULT, "kv_memory_gib": 0.0, "kv_policy": "flat",
-    "kv_medium": "files", "handoff": "store", "no_kv_reuse": False,
+    "kv_medium": "files", "kv_direct_reads": False, "handoff": "store", "no_kv_reuse": False,
     "restart_dead_engines": False, "decode_kv_cache_gib": None, "acceptance_history": None,
     "state_file": None, "predictor": None, "oracle_lengths": None,
     "max_wait_s": _SCHED.max_wait_s, "preempt_ratio": _SCHED.preempt_ratio,
@@ -102,6 +102,10 @@ def add_parser(sub: Any) -> None:
                     help="how --kv-store keeps blocks on disk: files (one per block) or "
                     "extents (each session's blocks appended to its extent, one journal per "
                     "engine); default files")
+    kv.add_argument("--kv-direct-reads", action="store_true",
+                    default=SERVE_DEFAULTS["kv_direct_reads"],
+                    help="--kv-medium extents: read blocks with O_DIRECT, so a read from the "
+                    "disk costs what the disk does (not served from the page cache)")
     pd = serve.add_argument_group("disaggregated prefill/decode")
     pd.add_argument("--disagg", action="store_true",
                     help="a prefill engine and a decode engine, each on half the cores "
@@ -160,7 +164,8 @@ def add_parser(sub: Any) -> None:
 # without it (one message per rule, checked once here; value ranges and the rules between
 # settings of one capability are the config objects' own).
 NEEDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("--kv-store DIR (or --disagg)", ("kv_memory_gib", "kv_policy", "kv_ssd_gib", "kv_medium"),
+    ("--kv-store DIR (or --disagg)", ("kv_memory_gib", "kv_policy", "kv_ssd_gib", "kv_medium",
+                                       "kv_direct_reads"),
      "kv_store_or_disagg"),
     ("--disagg", ("handoff", "no_kv_reuse", "restart_dead_engines", "decode_kv_cache_gib"),
      "disagg"),
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         from loadwise.config.kvstore import KvStoreConfig
 
         kv = KvStoreConfig(args.kv_store, args.kv_ssd_gib, args.kv_memory_gib, args.kv_policy,
-                           medium=args.kv_medium)
+                           medium=args.kv_medium, direct_reads=args.kv_direct_reads)
         check_usable(kv.store_dir)
         spec = replace(spec, kv_store=kv)
         console.print(f"KV store: {Path(args.kv_store).resolve()} ({args.kv_medium} "
@@ -344,7 +349,8 @@ def _run_disagg(args: argparse.Namespace, spec: Any) -> int:
         store_dir = tmp_store
         gib = args.kv_ssd_gib if args.kv_ssd_gib != KV_SSD_GIB_DEFAULT else TMP_STORE_GIB
     kv = KvStoreConfig(store_dir, gib, args.kv_memory_gib, args.kv_policy, handoff=args.handoff,
-                       reuse=not args.no_kv_reuse, medium=args.kv_medium)
+                       reuse=not args.no_kv_reuse, medium=args.kv_medium,
+                       direct_reads=args.kv_direct_reads)
     check_usable(kv.store_dir)
     specs = DisaggSpecs.from_spec(spec, kv, spec.cpu_binding.cores,
                                   decode_kv_cache_gib=args.decode_kv_cache_gib)

@@ -43,6 +43,8 @@ class KvStoreConfig:
     # Where stored blocks live on disk: "files" (one file per block) or "extents" (each
     # session's blocks appended to its extent, one journal per engine: the replay's medium).
     medium: str = "files"
+    # Extents only: read with O_DIRECT (a read from the disk is not served by the page cache).
+    direct_reads: bool = False
 
     def __post_init__(self) -> None:
         if not self.capacity_gib > 0:
@@ -58,6 +60,8 @@ class KvStoreConfig:
         if self.medium not in KV_MEDIA:
             raise EngineConfigError(f"unknown --kv-medium {self.medium!r}: choose one of "
                                     f"{', '.join(KV_MEDIA)}")
+        if self.direct_reads and self.medium != "extents":
+            raise EngineConfigError("--kv-direct-reads needs --kv-medium extents")
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
@@ -78,6 +82,8 @@ class KvStoreConfig:
                                               **({} if self.medium == "files" else
                                                  {"medium": self.medium}),
                                               **({} if self.reuse else {"reuse": False}),
+                                              **({"direct_reads": True}
+                                                 if self.direct_reads else {}),
                                               **({} if self.pull_port is None else
                                                  {"pull_port": self.pull_port})}}
 
@@ -97,4 +103,5 @@ class KvStoreConfig:
                    pull_port=None if port is None else int(port),
                    pull_host=str(extra.get("pull_host", "127.0.0.1")),
                    reuse=bool(extra.get("reuse", True)),
-                   medium=str(extra.get("medium", "files")))
+                   medium=str(extra.get("medium", "files")),
+                   direct_reads=bool(extra.get("direct_reads", False)))

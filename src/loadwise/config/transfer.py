@@ -10,7 +10,8 @@ out in a finished request's answer (what ``request_finished`` returns). Who writ
   * a prefill's connector returns ``prompt_token_ids``, ``block_size`` and, by handoff, the
     blocks it stored (``loadwise_blocks``) or holds for a pull (``do_remote_prefill``,
     ``remote_host``/``remote_port``/``remote_request_id``, ``remote_blocks``);
-  * any request may name its agent or chat session (``session_id``) for KV placement.
+  * any request may name its agent or chat session (``session_id``) for KV placement, and
+    hint its class (``session_class``: ``"agent"`` or ``"chat"``; ``policy/session_class.py``).
 
 Parsing never raises: the connector runs inside vLLM, where a malformed value is treated as
 absent (the request is then served as if it carried no handoff).
@@ -34,6 +35,7 @@ class TransferParams:
     remote_blocks: int | None = None  # full prompt blocks the prefill holds for the pull
     push_id: str | None = None  # the push handoff's id, shared by the prefill and its decode
     session_id: str | None = None
+    session_class: str | None = None  # the client's hint; the classifier parses it
     stored_blocks: int | None = None  # full prompt blocks the prefill put in the store
     prompt_token_ids: tuple[int, ...] | None = None
     block_size: int | None = None
@@ -63,6 +65,7 @@ class TransferParams:
             remote_blocks=_count(raw.get("remote_blocks")),
             push_id=_text(raw.get("push_id")),
             session_id=_text(raw.get("session_id")),
+            session_class=_text(raw.get("session_class")),
             stored_blocks=_count(raw.get(STORED_BLOCKS_KEY)),
             prompt_token_ids=(tuple(ids) if isinstance(ids, list)
                               and all(type(t) is int for t in ids) else None),

@@ -34,6 +34,7 @@ from pathlib import Path
 from loadwise.kvstore.filestore import StoreCounters
 from loadwise.kvstore.ssd import SSDMedium, StoreError
 from loadwise.kvstore.ssd_follow import SSDFollower
+from loadwise.kvstore.ssd_read import o_direct_supported
 
 logger = logging.getLogger("loadwise.kv")
 # How often a hit re-reads the journals (a miss always does): what the writers evicted since
@@ -48,7 +49,9 @@ def int_key(key: str) -> int:
 class ExtentBlockStore:
     def __init__(self, root: str | Path, capacity_bytes: int, writer: str = "main",
                  extent_blocks: int = 16, fsync: bool = True, queue_bytes: int = 256 << 20,
-                 batch_blocks: int = 64) -> None:
+                 batch_blocks: int = 64, direct_reads: bool = False) -> None:
+        """``direct_reads``: followers read with O_DIRECT (the page cache is bypassed: a read
+        from this store costs what the disk does); refused where the file system has none."""
         if capacity_bytes <= 0:
             raise StoreError(f"KV store capacity must be > 0 bytes, got {capacity_bytes}")
         if not writer.replace("-", "").replace("_", "").isalnum():
@@ -69,6 +72,10 @@ class ExtentBlockStore:
             probe.unlink()
         except OSError as exc:
             raise StoreError(f"cannot use {self.root} as a KV store: {exc.strerror}") from exc
+        if direct_reads and not o_direct_supported(self.writers):
+            raise StoreError(f"{self.root} is on a file system without O_DIRECT: drop "
+                             "--kv-direct-reads there")
+        self.direct_reads = direct_reads
         self._followers: dict[str, SSDFollower] = {}
         self._refreshed_at = -1.0
         self._lock = threading.Lock()
@@ -96,7 +103,9 @@ class ExtentBlockStore:
             names = []
         for name in names:
             if name not in self._followers:
-                self._followers[name] = SSDFollower(self.writers / name)
+                self._followers[name] = SSDFollower(self.writers / name,
+                                                    direct=self.direct_reads,
+                                                    read_depth=2 if self.direct_reads else 1)
         for name in list(self._followers):
             if name not in names:
                 self._followers.pop(name).close()
@@ -131,6 +140,34 @@ class ExtentBlockStore:
                             self.counters.bytes_read += got.nbytes
                         return got
         return None
+
+    def read_many(self, keys: list[str]) -> list[memoryview | None]:
+        """``read`` for many blocks at once: each writer's blocks are read as contiguous runs
+        (a session's blocks in its extent are one read, in sub-reads of a few MiB), into a
+        buffer each follower keeps: the views returned are valid until the next call."""
+        out: list[memoryview | None] = [None] * len(keys)
+        want = {i: int_key(k) for i, k in enumerate(keys)}
+        for attempt in range(2):
+            self.refresh(force=attempt > 0)
+            for follower in self._followers.values():
+                mine = [(i, k) for i, k in want.items() if k in follower]
+                if not mine:
+                    continue
+                try:
+                    # A second attempt must not overwrite the first one's blocks.
+                    got = follower.get_many([k for _, k in mine], reuse=attempt == 0)
+                except OSError:
+                    got = [None] * len(mine)
+                for (i, _), blob in zip(mine, got, strict=True):
+                    if blob is not None:
+                        out[i] = blob
+                        del want[i]
+                        with self._lock:
+                            self.counters.blocks_read += 1
+                            self.counters.bytes_read += blob.nbytes
+            if not want:
+                break
+        return out
 
     # --- writes (the engine's worker) ---------------------------------------------------------
     def open_for_writing(self) -> None:

@@ -119,6 +119,9 @@ class FileBlockStore:
                 self._lru.move_to_end(key)
         return data
 
+    def read_many(self, keys: list[str]) -> list[bytes | None]:
+        return [self.read(k) for k in keys]
+
     # --- writes -----------------------------------------------------------------------------
     def open_for_writing(self) -> None:
         """Index what is on disk (oldest first), clear a crash's temporaries, start the

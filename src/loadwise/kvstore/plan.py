@@ -23,6 +23,7 @@ from dataclasses import replace as replace_ref
 
 from loadwise.kvstore.tiers import Placed, Session, Sessions, Tiers
 from loadwise.policy.placement import BlockInfo, FlatPolicy, Medium, PlacementPolicy
+from loadwise.policy.session_class import RequestSignals
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ class BlockRef:
     medium: str = Medium.SSD.value
     promote: bool = False
     session: int = 0  # the session that computed a saved block (where an extent store puts it)
+    session_class: str = ""  # that session's class when the block was placed ("": none)
 
 
 @dataclass(slots=True)
@@ -98,19 +100,29 @@ class ConnectorPlanner:
     # --- per request --------------------------------------------------------------------------
     def allocated(self, req_id: str, block_hashes: Sequence[bytes], block_ids: Sequence[int],
                   num_computed_tokens: int, num_external_tokens: int,
-                  session_id: str | None = None) -> None:
+                  session_id: str | None = None,
+                  signals: RequestSignals | None = None) -> None:
         """vLLM allocated ``block_ids`` for a request whose first ``num_computed_tokens`` come
-        from its own prefix cache and the next ``num_external_tokens`` from the store."""
+        from its own prefix cache and the next ``num_external_tokens`` from the store;
+        ``signals``: what the session classifier sees of it (None: not classified)."""
         first = num_computed_tokens // self.block_size
         end = (num_computed_tokens + num_external_tokens) // self.block_size
         t = self._reqs.get(req_id)
         if t is None:
             keys = [self.key_of(h) for h in block_hashes[:end]]
-            session = self.sessions.open(keys, end, session_id)
+            session = self.sessions.open(keys, end, session_id, signals)
             t = self._reqs[req_id] = _Tracked(block_hashes, session, len(block_hashes))
         t.pending_loads = [(i, block_ids[i]) for i in range(first, end)]
         # Blocks vLLM's own cache had were saved when computed (or came from the store).
         t.done_blocks = max(t.done_blocks, end if num_external_tokens else first)
+
+    def tracks(self, req_id: str) -> bool:
+        """Whether ``allocated`` has seen the request (its session is open)."""
+        return req_id in self._reqs
+
+    def session_of(self, req_id: str) -> Session | None:
+        t = self._reqs.get(req_id)
+        return t.session if t is not None else None
 
     def pending_block_ids(self, req_id: str) -> list[int]:
         """The vLLM blocks a request still expects loaded (what a failed plan must report)."""
@@ -184,10 +196,13 @@ class ConnectorPlanner:
             placed = self.tiers.place(key, BlockInfo(
                 key=int(key[:15], 16), session=t.session.sid, block_index=i,
                 prompt_blocks=t.prompt_blocks, seen_refs=self.sessions.refs(key),
-                session_turn=t.session.requests - 1))
+                session_turn=t.session.requests - 1,
+                session_class=t.session.session_class))
             plan.placed(placed)
             self.sessions.claim(key, t.session)
             if placed.medium is not None:
+                cls = t.session.session_class
                 plan.saves.append(BlockRef(t.block_ids[i], key, t.hashes[i],
-                                           placed.medium.value, session=t.session.sid))
+                                           placed.medium.value, session=t.session.sid,
+                                           session_class=cls.value if cls else ""))
         t.done_blocks = max(t.done_blocks, full)

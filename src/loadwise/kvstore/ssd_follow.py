@@ -17,18 +17,31 @@ The writer's least-recently-used order does not see a follower's reads.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from loadwise.kvstore.ssd import OP_PUT, journal_records, older_format
 from loadwise.kvstore.ssd_read import Location, buffer_bytes, plan_runs, read_buffer, read_runs
 
+MAX_OWN_BUFFER_BYTES = 1 << 30  # a larger read gets a buffer of its own
+
 
 class SSDFollower:
-    def __init__(self, root: str | Path, read_chunk_bytes: int = 4 << 20) -> None:
+    """``direct``: read with O_DIRECT (bypassing the page cache, so a read costs what the
+    device does; the caller checks the file system allows it), ``read_depth`` sub-reads of
+    ``read_chunk_bytes`` in flight."""
+
+    def __init__(self, root: str | Path, read_chunk_bytes: int = 4 << 20,
+                 direct: bool = False, read_depth: int = 1) -> None:
         self.root = Path(root)
         self.read_chunk_bytes = read_chunk_bytes
+        self.direct = direct
+        self._buf: mmap.mmap | None = None
+        self._pool = (ThreadPoolExecutor(read_depth, thread_name_prefix="loadwise-kv-read")
+                      if read_depth > 1 else None)
         self.index: dict[int, Location] = {}
         self._keys_in_extent: dict[int, list[int]] = {}
         self._fds: dict[int, int] = {}
@@ -80,10 +93,13 @@ class SSDFollower:
         self.records_applied += len(records)
         return len(records)
 
-    def get_many(self, keys: Sequence[int]) -> list[memoryview | None]:
+    def get_many(self, keys: Sequence[int], reuse: bool = False) -> list[memoryview | None]:
         """Blocks in the order asked (None: not in the index as of the last refresh, evicted
-        since, torn or corrupt)."""
-        runs = plan_runs(self.index, keys, direct=False)
+        since, torn or corrupt). ``reuse``: read into this follower's own buffer (kept, its
+        pages already mapped: a fresh buffer's page faults cost more than half the read
+        bandwidth here); the views returned are then valid only until the next call with
+        ``reuse``."""
+        runs = plan_runs(self.index, keys, direct=self.direct)
         readable = []
         for run in runs:
             try:
@@ -93,16 +109,28 @@ class SSDFollower:
             readable.append(run)
         out: list[memoryview | None] = [None] * len(keys)
         if readable:
-            view = memoryview(read_buffer(buffer_bytes(runs)))
-            counts = read_runs(readable, view, out, self._fd, self.read_chunk_bytes, None)
+            need = buffer_bytes(runs)
+            view = memoryview(self._own_buffer(need) if reuse and need <= MAX_OWN_BUFFER_BYTES
+                              else read_buffer(need))[:need]
+            counts = read_runs(readable, view, out, self._fd, self.read_chunk_bytes,
+                               self._pool)
             self.bytes_read += counts.bytes_read
             self.read_calls += counts.read_calls
         return out
 
+    def _own_buffer(self, nbytes: int) -> mmap.mmap:
+        if self._buf is None or len(self._buf) < nbytes:
+            # The old buffer is dropped, not closed: views of it may still be alive.
+            grown = max(nbytes, len(self._buf) * 3 // 2 if self._buf is not None else 0)
+            self._buf = read_buffer(min(grown, MAX_OWN_BUFFER_BYTES))
+            self._buf.write(bytes(len(self._buf)))  # map every page now, once
+        return self._buf
+
     def _fd(self, extent: int) -> int:
         fd = self._fds.get(extent)
         if fd is None:
-            fd = os.open(self.root / "extents" / f"{extent}.ext", os.O_RDONLY)
+            flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
+            fd = os.open(self.root / "extents" / f"{extent}.ext", flags)
             self._fds[extent] = fd
         return fd
 
@@ -132,3 +160,7 @@ class SSDFollower:
 
     def close(self) -> None:
         self._clear(keep_journal=False)
+        self._buf = None
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

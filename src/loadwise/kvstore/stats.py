@@ -26,6 +26,10 @@ class ConnectorCounters:
     hit_blocks: int = 0
     hit_tokens: int = 0
     saves_planned: int = 0
+    # placement by session class: new requests by "<class>:<deciding rule>" (classes and rules
+    # of policy/session_class.py; "none": unclassified) and planned saves by "<class>:<medium>"
+    requests_by_class: dict[str, int] = field(default_factory=dict)
+    saves_by_class: dict[str, int] = field(default_factory=dict)
     # disaggregated decode: full prompt blocks the prefill engine said it stored, and those of
     # them this engine did not find (recomputed)
     handoff_blocks: int = 0
@@ -48,6 +52,12 @@ class ConnectorCounters:
     load_error_reasons: dict[str, int] = field(default_factory=dict)
     blocks_staged: int = 0
     memory_blocks_loaded: int = 0  # of blocks_loaded, those from the memory tier
+    # blocks read from the store on disk (not the memory tier), their bytes, the read calls
+    # (one per step's batch) and the seconds the reads took: the read throughput reached
+    ssd_blocks_loaded: int = 0
+    ssd_bytes_loaded: int = 0
+    ssd_read_calls: int = 0
+    ssd_read_s: float = 0.0
     blocks_demoted: int = 0  # memory blocks written to the files on eviction (tiered)
     load_s: float = 0.0
     stage_s: float = 0.0

@@ -7,7 +7,9 @@ Keys are content-addressed (a chained block hash under the engine's fingerprint)
 again carries the same bytes, and a store may keep either copy. What a caller may rely on, for
 every implementation:
   * ``read`` returns exactly the bytes a write stored under the key, or None (absent, evicted,
-    unreadable: always a miss, never an error);
+    unreadable: always a miss, never an error); ``read_many`` is ``read`` of each key, in
+    order (a medium may read them in fewer, larger calls, into a buffer it reuses: what it
+    returns is valid until the next ``read_many``);
   * ``contains(key)`` is True only once ``read(key)`` could return the block: a block is never
     half visible;
   * ``write_now`` has stored the block when it returns (durably, for the media on disk), unless
@@ -20,7 +22,7 @@ every implementation:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -33,6 +35,8 @@ class BlockStore(Protocol):
     def contains(self, key: str) -> bool: ...
 
     def read(self, key: str) -> bytes | memoryview | None: ...
+
+    def read_many(self, keys: list[str]) -> Sequence[bytes | memoryview | None]: ...
 
     def open_for_writing(self) -> None: ...
 
@@ -68,6 +72,9 @@ class MemoryBlockStore:
             self.blocks_read += 1
         return blob
 
+    def read_many(self, keys: list[str]) -> list[bytes | None]:
+        return [self.read(k) for k in keys]
+
     def open_for_writing(self) -> None:
         return
 
@@ -99,10 +106,12 @@ class MemoryBlockStore:
 
 
 def create_block_store(medium: str, root: str | Path, capacity_bytes: int,
-                       engine: str = "") -> FileBlockStore | ExtentBlockStore:
-    """The store on disk for ``medium`` (one of ``KV_MEDIA``)."""
+                       engine: str = "", direct_reads: bool = False
+                       ) -> FileBlockStore | ExtentBlockStore:
+    """The store on disk for ``medium`` (one of ``KV_MEDIA``); ``direct_reads``: extents
+    only, read with O_DIRECT."""
     if medium not in KV_MEDIA:
         raise ValueError(f"unknown medium {medium!r}: choose one of {', '.join(KV_MEDIA)}")
     if medium == "files":
         return FileBlockStore(root, capacity_bytes)
-    return ExtentBlockStore(root, capacity_bytes, engine or "main")
+    return ExtentBlockStore(root, capacity_bytes, engine or "main", direct_reads=direct_reads)

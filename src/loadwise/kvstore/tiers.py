@@ -21,27 +21,52 @@ from dataclasses import dataclass
 
 from loadwise.kvstore.lru import LruKeys
 from loadwise.policy.placement import BlockInfo, Medium, PlacementPolicy
+from loadwise.policy.session_class import (
+    ClassifierConfig,
+    RequestSignals,
+    SessionClass,
+    SessionSignals,
+    classify,
+    why,
+)
 
 
 @dataclass(slots=True)
 class Session:
+    """``signals``: what its requests showed the classifier (None: requests came without
+    signals, and the session is not classified)."""
+
     sid: int
     requests: int = 0
+    signals: SessionSignals | None = None
+    session_class: SessionClass | None = None
+    decided_by: str = ""
+
+    def observe(self, req: RequestSignals, cfg: ClassifierConfig) -> None:
+        if self.signals is None:
+            self.signals = SessionSignals()
+        self.signals.observe(req)
+        self.session_class = classify(self.signals, cfg)
+        self.decided_by = why(self.signals, cfg)
 
 
 class Sessions:
     """Which session each request belongs to, from the blocks it shares with earlier ones."""
 
-    def __init__(self, max_blocks: int = 1 << 20) -> None:
+    def __init__(self, max_blocks: int = 1 << 20,
+                 classifier: ClassifierConfig | None = None) -> None:
+        self.classifier = classifier or ClassifierConfig()
         self._by_block: OrderedDict[str, Session] = OrderedDict()  # key -> owning session
         self._named: dict[str, Session] = {}
         self._refs: OrderedDict[str, int] = OrderedDict()  # key -> requests that reused it
         self._next = 0
         self.max_blocks = max_blocks
 
-    def open(self, keys: Sequence[str], num_reused: int, session_id: str | None) -> Session:
+    def open(self, keys: Sequence[str], num_reused: int, session_id: str | None,
+             signals: RequestSignals | None = None) -> Session:
         """The session of a request whose first ``num_reused`` blocks (of ``keys``, its
-        blocks) came from a cache; counts that request in."""
+        blocks) came from a cache; counts that request in (and its ``signals``, when given,
+        in the session's class)."""
         s = self._named.get(session_id) if session_id is not None else None
         if s is None and session_id is None:
             for key in reversed(keys[:num_reused]):
@@ -56,6 +81,8 @@ class Sessions:
         for key in keys[:num_reused]:
             self._bump(self._refs, key, self._refs.get(key, 0) + 1)
         s.requests += 1
+        if signals is not None:
+            s.observe(signals, self.classifier)
         return s
 
     def refs(self, key: str) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from loadwise.errors import ConfigError
+from loadwise.policy.session_class import SessionClass
 
 
 class Medium(str, Enum):
@@ -39,6 +40,8 @@ class BlockInfo:
     ``continues_hint``: the client's probability that this request's session sends another turn
     (an agent loop or a chat front end often knows; None: no hint). Every non-shared block of a
     request is reused only if its session continues, so this is the value of storing it.
+    ``session_class``: the session's class as the classifier saw it when the block was created
+    (``policy/session_class.py``; None: not classified, the prompt's length decides).
     """
 
     key: int
@@ -49,6 +52,7 @@ class BlockInfo:
     session_turn: int = 0
     write_pressure: float = 0.0
     continues_hint: float | None = None
+    session_class: SessionClass | None = None
 
     def __post_init__(self) -> None:
         if self.continues_hint is not None and not 0.0 <= self.continues_hint <= 1.0:
@@ -95,9 +99,11 @@ class FlatPolicy(PlacementPolicy):
     """Memory and SSD at one level, decided at creation.
 
     Shared prefixes (the leading ``shared_prefix_blocks`` of every prompt, where system prompts
-    sit, or blocks whose parent prefix other requests already used) and the blocks of short
-    prompts (at most ``short_session_blocks`` blocks) go to memory; the blocks of longer prompts
-    go straight to SSD, appended contiguously to their session's extent. When the SSD's write queue is past
+    sit, or blocks whose parent prefix other requests already used) go to memory. A classified
+    session's other blocks go by its class: an agent session's straight to SSD, appended
+    contiguously to its extent, a chat's to memory. Unclassified (``session_class`` None), the
+    blocks of short prompts (at most ``short_session_blocks`` blocks) go to memory and those
+    of longer prompts to SSD. When the SSD's write queue is past
     ``pressure_threshold``, first turns also go to memory: most conversations never send a
     second turn, so the SSD's write time is kept for sessions that already came back (whose
     next turn is likelier), instead of dropping writes at random as the queue overflows.
@@ -119,7 +125,10 @@ class FlatPolicy(PlacementPolicy):
             return Medium.MEMORY
         if hinted_to_end_under_pressure(info, self.pressure_threshold, self.hint_threshold):
             return None
-        if info.prompt_blocks <= self.short_session_blocks:
+        if info.session_class is SessionClass.AGENT:
+            return Medium.SSD
+        if info.session_class is SessionClass.CHAT or \
+                info.prompt_blocks <= self.short_session_blocks:
             return Medium.MEMORY
         if info.session_turn == 0 and info.write_pressure >= self.pressure_threshold:
             return Medium.MEMORY

@@ -41,6 +41,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 from loadwise.config.kvstore import KvStoreConfig
+from loadwise.kvstore.connector.markers import tool_header_ids
 from loadwise.kvstore.connector.meta import FlatKVMetadata, engine_fingerprint
 from loadwise.kvstore.connector.scheduler_side import SchedulerSide
 from loadwise.kvstore.connector.worker_side import WorkerSide
@@ -65,13 +66,17 @@ class FlatKVConnector(KVConnectorBase_V1):
         block_size = vllm_config.cache_config.block_size
         fp = engine_fingerprint(vllm_config, kv_cache_config)
         self.store = create_block_store(cfg.medium, cfg.store_dir,
-                                        int(cfg.capacity_gib * (1 << 30)), cfg.engine)
+                                        int(cfg.capacity_gib * (1 << 30)), cfg.engine,
+                                        cfg.direct_reads)
         group = kv_cache_config.kv_cache_groups[0]
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
-            self.scheduler_side = SchedulerSide(cfg, self.store, fp, block_size, block_bytes)
+            model = vllm_config.model_config
+            self.scheduler_side = SchedulerSide(
+                cfg, self.store, fp, block_size, block_bytes,
+                tool_header_ids(str(model.tokenizer or model.model)) if cfg.reuse else None)
         else:
             self.worker_side = WorkerSide(cfg, self.store, fp, int(kv_cache_config.num_blocks))
         self._reported: dict[str, Any] = {}

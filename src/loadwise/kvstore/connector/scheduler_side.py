@@ -15,12 +15,14 @@ from typing import Any
 from loadwise.config.kvstore import KvStoreConfig
 from loadwise.config.transfer import TransferParams
 from loadwise.kvstore import blockfile
+from loadwise.kvstore.connector.markers import count_marker
 from loadwise.kvstore.connector.meta import FlatKVMetadata
 from loadwise.kvstore.handoff.strategies import Scheduled, create_scheduler_handoff
 from loadwise.kvstore.plan import BlockRef, ConnectorPlanner, StepPlan
 from loadwise.kvstore.stats import ConnectorCounters, StatsFile, stats_side
 from loadwise.kvstore.store import BlockStore
 from loadwise.policy.placement import create_policy_for_blocks
+from loadwise.policy.session_class import RequestSignals, parse_class_hint
 from loadwise.vllm import compat
 
 logger = logging.getLogger("loadwise.kv")
@@ -37,8 +39,12 @@ def transfer_params(request: Any) -> TransferParams:
 
 class SchedulerSide:
     def __init__(self, cfg: KvStoreConfig, store: BlockStore, fingerprint: bytes,
-                 block_size: int, block_bytes: int) -> None:
+                 block_size: int, block_bytes: int,
+                 tool_header: tuple[int, ...] | None = None) -> None:
+        """``tool_header``: the chat template's tool-message header ids (``markers.py``;
+        None: tool messages are not a classifier signal)."""
         self.block_size = block_size
+        self.tool_header = tool_header
         self.fp = fingerprint
         self.reuse = cfg.reuse
         self.handoff = create_scheduler_handoff(cfg.handoff, block_size, cfg.pull_host,
@@ -102,8 +108,11 @@ class SchedulerSide:
         try:
             params = transfer_params(request)
             hashes = compat.request_block_hashes(request)
+            signals = None if self.planner.tracks(rid) else self._signals(request, params)
             self.planner.allocated(rid, hashes, block_ids, local, num_external_tokens,
-                                   params.session_id)
+                                   params.session_id, signals)
+            if signals is not None:
+                self._count_class(rid)
             if self.handoff.allocated(rid, params, block_ids, hashes, local,
                                       num_external_tokens, request.num_prompt_tokens):
                 # The blocks arrive by the handoff, not from the store: nothing to load.
@@ -115,6 +124,21 @@ class SchedulerSide:
             first = local // self.block_size
             end = (local + num_external_tokens) // self.block_size
             self._unplanned.setdefault(rid, []).extend(block_ids[first:end])
+
+    def _signals(self, request: Any, params: TransferParams) -> RequestSignals:
+        """What the session classifier sees of a new request."""
+        ids = request.prompt_token_ids or ()
+        return RequestSignals(len(ids), count_marker(ids, self.tool_header),
+                              parse_class_hint(params.session_class))
+
+    def _count_class(self, rid: str) -> None:
+        session = self.planner.session_of(rid)
+        if session is None:
+            return
+        cls = session.session_class.value if session.session_class else "none"
+        key = f"{cls}:{session.decided_by or 'none'}"
+        by = self.counters.requests_by_class
+        by[key] = by.get(key, 0) + 1
 
     def build_connector_meta(self, scheduler_output: Any) -> FlatKVMetadata:
         t0 = time.perf_counter()
@@ -146,6 +170,10 @@ class SchedulerSide:
         for rid in list(self._unplanned):
             plan.loads += [BlockRef(bid, "", b"") for bid in self._unplanned.pop(rid)]
         meta.loads, meta.saves = plan.loads, plan.saves
+        by = self.counters.saves_by_class
+        for ref in plan.saves:
+            key = f"{ref.session_class or 'none'}:{ref.medium}"
+            by[key] = by.get(key, 0) + 1
         meta.drops, meta.demotes = plan.drops, plan.demotes
         self.counters.saves_planned += len(meta.saves)
         self.counters.plan_s += time.perf_counter() - t0
