@@ -209,13 +209,13 @@ class Runner:
             prev = rec
 
     def chat(self, c: Any, t0: float) -> None:
-        time.sleep(max(0.0, c.arrival_s - (time.perf_counter() - t0)))
+        # Waits end early once the agents are done: what is not sent by then is not sent.
+        if self.agents_done.wait(max(0.0, c.arrival_s - (time.perf_counter() - t0))):
+            return
         replies: list[str] = []
         prev = None
         for k in range(len(c.turns)):
-            if k:
-                time.sleep(c.think_s[k - 1])
-            if self.agents_done.is_set():
+            if k and self.agents_done.wait(c.think_s[k - 1]):
                 return
             rec = self._send(self.chat_client, c.messages(k, replies), "chat", c.session_id, k,
                              prev)
@@ -225,8 +225,7 @@ class Runner:
             prev = rec
 
     def shared(self, s: Any, t0: float, first: list[Req]) -> None:
-        time.sleep(max(0.0, s.arrival_s - (time.perf_counter() - t0)))
-        if self.agents_done.is_set():
+        if self.agents_done.wait(max(0.0, s.arrival_s - (time.perf_counter() - t0))):
             return
         rec = self._send(self.chat_client, s.messages(self.wl.shared_system), "shared",
                          s.request_id, 0, first[0] if first else None)
@@ -394,6 +393,24 @@ def identity(reqs: list[Req], reference: str = "none") -> dict[str, Any]:
     return out
 
 
+def common_chats(reqs: list[Req]) -> dict[str, Any]:
+    """Per level: chat and shared-prompt requests every configuration sent (a chat arriving
+    after a configuration's agents were done is not sent), TTFT p50 / p90 per configuration
+    on exactly those."""
+    out: dict[str, Any] = {}
+    for level in sorted({r.level for r in reqs}):
+        at = [r for r in reqs if r.level == level and r.kind in ("chat", "shared")
+              and r.error is None and r.phase == "load"]
+        configs = sorted({r.config for r in at})
+        keys = set.intersection(*({(r.sid, r.turn) for r in at if r.config == c}
+                                  for c in configs)) if configs else set()
+        for c in configs:
+            sel = [r.ttft_s for r in at if r.config == c and (r.sid, r.turn) in keys]
+            out[f"{c}@{level}"] = {"requests": len(sel), "ttft_p50_s": pct(sel, 0.5),
+                                   "ttft_p90_s": pct(sel, 0.9)}
+    return out
+
+
 def plot(payload: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -510,6 +527,7 @@ def main() -> None:
                "corpus": corpus_info, "disk": rates, "workdir": str(workdir),
                "results": results, "kill_restart": kill,
                "greedy_identity": identity(all_reqs),
+               "chats_sent_by_every_config": common_chats(all_reqs),
                "requests": [{k: v for k, v in asdict(r).items()
                              if k not in ("prompt_ids", "output_ids", "answer")}
                             | {"prompt_ids_hash": hash(tuple(r.prompt_ids))}

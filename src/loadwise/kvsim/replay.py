@@ -25,6 +25,12 @@ from loadwise.kvsim.trace import BLOCK_TOKENS, TraceRequest
 from loadwise.kvstore.extents import ExtentLayout
 from loadwise.kvstore.lru import LruKeys
 from loadwise.policy.placement import BlockInfo, Medium, PlacementPolicy
+from loadwise.policy.session_class import (
+    RequestSignals,
+    SessionClass,
+    SessionSignals,
+    classify,
+)
 
 OFFLOAD_STREAM = -1  # tiered offloads append to one log, in eviction order
 
@@ -141,6 +147,13 @@ class ReplayStats:
     measured_read_s: float | None = None
     measured_write_s: float | None = None
     ssd_write_calls: int = 0
+    # Traces that carry classifier signals (``tool_messages``): sessions by "<kind>-><class>"
+    # (the trace's truth, the class the classifier ended with) and new blocks by
+    # "<kind>:<medium>" ("none": not stored); reusable and read-back tokens by kind.
+    class_confusion: dict[str, int] = field(default_factory=dict)
+    blocks_by_kind: dict[str, int] = field(default_factory=dict)
+    reusable_tokens_by_kind: dict[str, int] = field(default_factory=dict)
+    read_back_tokens_by_kind: dict[str, int] = field(default_factory=dict)
 
     @property
     def read_back_ratio(self) -> float:
@@ -174,6 +187,8 @@ class Replayer:
         self.seen: set[int] = set()  # the infinite cache: the ceiling
         self.refs: dict[int, int] = {}
         self.turns: dict[int, int] = {}  # requests seen per session so far
+        self.signals: dict[int, SessionSignals] = {}  # what the classifier saw per session
+        self.kinds: dict[int, str] = {}
         self._offload: list[int] = []  # blocks memory evicted during this request (tiered)
         # Device state: reads queue until read_busy_until; writes drain in the time reads leave.
         self.read_busy_until = 0.0
@@ -198,6 +213,9 @@ class Replayer:
             st.duration_s = end - requests[0].arrival_s / self.speedup
         st.memory_blocks_end = len(self.memory)
         st.ssd_blocks_end = self.ssd.num_blocks
+        for session, sig in self.signals.items():
+            key = f"{self.kinds.get(session, 'unknown')}->{classify(sig).value}"
+            st.class_confusion[key] = st.class_confusion.get(key, 0) + 1
         return st
 
     def _tokens(self, req: TraceRequest, i: int) -> int:
@@ -270,19 +288,29 @@ class Replayer:
                 if medium is Medium.SSD:
                     self._to_memory(h, now)
         st.hit_blocks += usable
-        st.read_back_tokens += sum(self._tokens(req, i) for i in range(usable))
+        read_back = sum(self._tokens(req, i) for i in range(usable))
+        st.read_back_tokens += read_back
+        if req.kind is not None:
+            _bump(st.read_back_tokens_by_kind, req.kind, read_back)
+            _bump(st.reusable_tokens_by_kind, req.kind,
+                  sum(self._tokens(req, i) for i in range(ceiling)))
         # The rest is recomputed and its blocks created now.
         ssd_batch: list[int] = []
         turn = self.turns.get(req.session, 0)
         pressure = self.write_pressure
         hint = self.hint(req.session, turn) if self.hint is not None else None
+        cls = self._classify(req)
         for i in range(usable, full_blocks):
             h = req.hash_ids[i]
             if h in self.memory or h in self.ssd:
                 continue
             info = BlockInfo(h, req.session, i, len(req.hash_ids), seen_refs=self.refs.get(h, 0),
-                             session_turn=turn, write_pressure=pressure, continues_hint=hint)
+                             session_turn=turn, write_pressure=pressure, continues_hint=hint,
+                             session_class=cls)
             home = self.policy.home(info)
+            if req.kind is not None:
+                _bump(self.stats.blocks_by_kind,
+                      f"{req.kind}:{home.value if home is not None else 'none'}", 1)
             if home is Medium.MEMORY:
                 self._to_memory(h, now)
             elif home is Medium.SSD:
@@ -298,6 +326,17 @@ class Replayer:
             self.seen.add(h)
             self.refs[h] = self.refs.get(h, 0) + 1
         self.turns[req.session] = turn + 1
+
+    def _classify(self, req: TraceRequest) -> SessionClass | None:
+        """The session's class after this request, from what an engine sees (None: the trace
+        carries no signals, and the policy decides by the prompt's length)."""
+        if req.tool_messages is None:
+            return None
+        sig = self.signals.setdefault(req.session, SessionSignals())
+        sig.observe(RequestSignals(req.input_tokens, req.tool_messages))
+        if req.kind is not None:
+            self.kinds[req.session] = req.kind
+        return classify(sig)
 
     def _to_memory(self, key: int, now: float) -> None:
         self.stats.bytes_written["memory"] += self.store.block_bytes
@@ -321,6 +360,10 @@ class Replayer:
         self.stats.bytes_written["ssd"] += len(keys) * self.store.block_bytes
         for k in keys:
             self.ssd.append(session, k)
+
+
+def _bump(d: dict[str, int], key: str, n: int) -> None:
+    d[key] = d.get(key, 0) + n
 
 
 def unique_blocks(requests: Sequence[TraceRequest]) -> int:

@@ -1,5 +1,11 @@
 """Mooncake-format request traces: one JSON object per line with ``timestamp`` (ms),
-``input_length``, ``output_length`` and ``hash_ids`` (chained 512-token prefix-block hashes)."""
+``input_length``, ``output_length`` and ``hash_ids`` (chained 512-token prefix-block hashes).
+
+Optional fields (written by ``loadwise kv agent-trace`` and ``benchmarks/kv_agent.py``):
+``session_id`` (a string naming the request's session, as a client sends it),
+``tool_messages`` (tool messages in the prompt, as the engine counts them) and ``kind`` (the
+truth of the session's class, ``agent`` or ``chat``: for scoring a classifier, never read by
+one). A trace without them replays as before."""
 
 from __future__ import annotations
 
@@ -22,9 +28,14 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
+    session_key: int | None = None  # the trace's session_id, numbered in order of appearance
+    tool_messages: int | None = None
+    kind: str | None = None
 
     @property
     def session(self) -> int:
+        if self.session_key is not None:
+            return self.session_key
         # Turns of one conversation re-send it: they share every block after the common
         # system prompt, so the first block past it names the session.
         return self.hash_ids[1] if len(self.hash_ids) > 1 else self.hash_ids[0]
@@ -36,7 +47,7 @@ class BadLine:
     reason: str
 
 
-def _parse(line: str) -> TraceRequest:
+def _parse(line: str, sessions: dict[str, int]) -> TraceRequest:
     obj = json.loads(line)
     if not isinstance(obj, dict):
         raise TypeError("not a JSON object")
@@ -48,7 +59,15 @@ def _parse(line: str) -> TraceRequest:
         raise TraceError("timestamp, input_length and output_length must be non-negative")
     if (n_in + BLOCK_TOKENS - 1) // BLOCK_TOKENS < len(hashes):
         raise TraceError(f"{len(hashes)} blocks cannot come from {n_in} input tokens")
-    return TraceRequest(ts / 1000.0, n_in, n_out, tuple(hashes))
+    sid, tools, kind = obj.get("session_id"), obj.get("tool_messages"), obj.get("kind")
+    if sid is not None and not isinstance(sid, str):
+        raise TraceError("session_id must be a string")
+    if tools is not None and (not isinstance(tools, int) or tools < 0):
+        raise TraceError("tool_messages must be a non-negative integer")
+    if kind is not None and kind not in ("agent", "chat"):
+        raise TraceError(f"kind must be agent or chat, got {kind!r}")
+    key = None if sid is None else sessions.setdefault(sid, len(sessions))
+    return TraceRequest(ts / 1000.0, n_in, n_out, tuple(hashes), key, tools, kind)
 
 
 def read_trace(path: str | Path, strict: bool = False,
@@ -58,6 +77,7 @@ def read_trace(path: str | Path, strict: bool = False,
     p = Path(path)
     requests: list[TraceRequest] = []
     bad: list[BadLine] = []
+    sessions: dict[str, int] = {}
     try:
         f = p.open(encoding="utf-8")
     except OSError as exc:
@@ -67,7 +87,7 @@ def read_trace(path: str | Path, strict: bool = False,
             if not line.strip():
                 continue
             try:
-                requests.append(_parse(line))
+                requests.append(_parse(line, sessions))
             except (ValueError, KeyError, TypeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 if strict:
