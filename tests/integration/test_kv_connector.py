@@ -218,3 +218,50 @@ def test_a_store_written_at_another_block_size_is_a_miss_never_wrong_kv(
     from loadwise.kvstore.status import store_status
 
     assert len(store_status(store).by_fingerprint) == 2
+
+
+def test_an_agent_sessions_next_step_loads_from_the_ssd_and_a_chats_next_turn_from_memory(
+        model_dir: str, tmp_path: Path) -> None:
+    """flat placement by session class on a real engine: the agent session (a tool message in
+    its prompt, found in the token ids) has its blocks appended to its extent on disk, the chat
+    its blocks in the memory tier; with vLLM's own cache emptied, the next step and the next
+    turn load their prefixes from there, and only the agent's come from disk."""
+    store = tmp_path / "store"
+    engine = _engine(model_dir, store, memory_gib=0.5, policy="flat", medium="extents")
+    tok = engine.tokenizer  # type: ignore[attr-defined]
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    source = (Path(__file__).parents[2] / "src/loadwise/kvstore/plan.py").read_text()[:6000]
+    agent = [{"role": "system", "content": "You are a coding agent. Use the tools."},
+             {"role": "user", "content": "Explain what the planner saves."},
+             {"role": "tool", "content": f"$ cat kvstore/plan.py\n{source}"}]
+    chat = [{"role": "user", "content": PROMPT * 3}]
+    try:
+        out, _ = _generate(engine, render(agent))
+        agent += [{"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)},
+                  {"role": "tool", "content": "$ python -m pytest -q\n3 passed in 0.2s"}]
+        out, _ = _generate(engine, render(chat))
+        chat += [{"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)},
+                 {"role": "user", "content": "And then what happened?"}]
+        agent_blocks = len(tok(render(agent[:3]))["input_ids"]) // 128
+        chat_blocks = len(tok(render(chat[:1]))["input_ids"]) // 128
+        engine.llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        _, agent_cached = _generate(engine, render(agent))
+        _, chat_cached = _generate(engine, render(chat))
+    finally:
+        engine.shutdown()  # type: ignore[attr-defined]
+    assert agent_blocks >= 10 and 6 <= chat_blocks < 24
+    assert agent_cached >= 128 * agent_blocks and chat_cached >= 128 * chat_blocks
+    stats = read_stats(store)
+    sched, worker = stats["scheduler"], stats["worker"]
+    assert sched["requests_by_class"] == {"agent:tool": 2, "chat:default": 2}
+    shared = 4  # the first 512 tokens of any prompt (a system prompt's place) go to memory
+    saves = sched["saves_by_class"]
+    assert saves["agent:ssd"] >= agent_blocks - shared and saves.get("chat:ssd", 0) == 0
+    assert saves["chat:memory"] >= chat_blocks - 1
+    # Only the agent's blocks past the shared ones came from disk; the rest from memory.
+    assert agent_blocks - shared <= worker["ssd_blocks_loaded"] <= agent_blocks
+    assert worker["memory_blocks_loaded"] >= shared + chat_blocks - 1
+    assert worker["load_errors"] == 0

@@ -121,3 +121,21 @@ def test_each_key_reads_back_its_own_block(make, keys: list[int]) -> None:
         assert s.read(key(99)) is None
     finally:
         s.close()
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=20))
+def test_read_many_is_read_of_each_key_in_order(make, keys: list[int]) -> None:
+    name, factory, root = make
+    s = factory(root / f"many-{len(keys)}-{keys[0]}")
+    s.open_for_writing()
+    try:
+        stored = sorted(set(keys))[::2]  # every other distinct key is stored
+        for k in stored:
+            s.write_now(key(k), blob(k), session=k % 3)
+        got = s.read_many([key(k) for k in keys])
+        assert [bytes(g) if g is not None else None for g in got] == [
+            blob(k) if k in stored else None for k in keys]
+    finally:
+        s.close()

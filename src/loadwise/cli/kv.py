@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadwise.cli import kv_trace
 from loadwise.cli.common import console, print_provenance
 from loadwise.errors import ConfigError
 from loadwise.kvsim.hints import SimulatedHints
@@ -61,6 +62,7 @@ def add_parser(sub: Any) -> None:
     rp.add_argument("--out", default="loadwise-kv",
                     help="where the JSON and PNG go (default ./loadwise-kv)")
     rp.set_defaults(func=cmd_replay)
+    kv_trace.add_parser(kv_sub)
     st = kv_sub.add_parser("status", help="what a --kv-store directory holds, and its counters")
     st.add_argument("store_dir", metavar="DIR", help="the directory given to serve --kv-store")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")

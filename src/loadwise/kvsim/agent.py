@@ -45,6 +45,8 @@ class Corpus:
     def __post_init__(self) -> None:
         if not self.sources or not self.docs or not self.chat_messages:
             raise ConfigError("an agent corpus needs source files, docs and chat messages")
+        if not all(f.text for f in self.sources) or not all(self.docs):
+            raise ConfigError("an agent corpus's source files and docs must not be empty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,9 @@ class _Cutter:
         pattern = self.rng.choice(("def ", "class ", "import ", "return ", "raise ", "self."))
         lines: list[str] = [f"$ grep -rn '{pattern.strip()}' ."]
         size = len(lines[0])
-        while size < n:
+        for _ in range(4 * len(self.corpus.sources)):  # bounded: the pattern may be rare
+            if size >= n:
+                break
             f = self.source()
             for lineno, line in enumerate(f.text.splitlines(), start=1):
                 if pattern in line:
@@ -213,7 +217,9 @@ class _Cutter:
     def test_log(self, n: int) -> str:
         rows = ["$ python -m pytest -q"]
         size = len(rows[0])
-        while size < n:
+        for _ in range(4 * len(self.corpus.sources)):  # bounded: a file may define nothing
+            if size >= n:
+                break
             f = self.source()
             names = [line.split("def ", 1)[1].split("(", 1)[0]
                      for line in f.text.splitlines() if line.lstrip().startswith("def ")]
@@ -365,3 +371,56 @@ class TraceRecord:
                 "output_length": self.output_length, "hash_ids": list(self.hash_ids),
                 "session_id": self.session_id, "tool_messages": self.tool_messages,
                 "kind": self.kind}
+
+
+# --- the workload on a clock, for a trace -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRequest:
+    arrival_s: float
+    session_id: str
+    kind: str  # "agent", "chat" or "shared"
+    messages: tuple[dict[str, str], ...]
+    output_tokens: int
+
+
+def stand_in_reply(session_id: str, index: int) -> str:
+    """An answer to put in a session's context where no model answered (a trace written
+    without an engine): short, fixed, different per step."""
+    return f"Step {index} of {session_id} done; the next tool call follows."
+
+
+def timeline(wl: AgentWorkload, step_s: float, turn_s: float) -> list[TimedRequest]:
+    """Every request of the workload at the time a client would send it: ``agent_sessions``
+    slots each run their agents back to back, a step ``step_s`` after the previous one's
+    request plus its think time; a chat's turns ``turn_s`` plus their think time apart.
+    Answers in the context are :func:`stand_in_reply`'s."""
+    if step_s < 0 or turn_s < 0:
+        raise ConfigError("step_s and turn_s must be >= 0")
+    cfg = wl.config
+    out: list[TimedRequest] = []
+    slots = [0.0] * cfg.agent_sessions
+    for n, a in enumerate(wl.agents):
+        slot = n % cfg.agent_sessions
+        t = slots[slot] + (step_s * slot / cfg.agent_sessions if n < cfg.agent_sessions else 0)
+        replies = [stand_in_reply(a.session_id, k) for k in range(len(a.steps))]
+        for k, step in enumerate(a.steps):
+            t += step.think_s
+            out.append(TimedRequest(t, a.session_id, "agent", tuple(a.messages(k, replies)),
+                                    cfg.reply_tokens))
+            t += step_s
+        slots[slot] = t
+    for c in wl.chats:
+        t = c.arrival_s
+        replies = [stand_in_reply(c.session_id, k) for k in range(len(c.turns))]
+        for k in range(len(c.turns)):
+            if k:
+                t += c.think_s[k - 1] + turn_s
+            out.append(TimedRequest(t, c.session_id, "chat", tuple(c.messages(k, replies)),
+                                    cfg.reply_tokens))
+    for s in wl.shared:
+        out.append(TimedRequest(s.arrival_s, s.request_id, "shared",
+                                tuple(s.messages(wl.shared_system)), cfg.reply_tokens))
+    out.sort(key=lambda r: r.arrival_s)
+    return out
