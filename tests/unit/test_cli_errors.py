@@ -67,6 +67,12 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
     (["kv", "replay", "t.jsonl", "--hint-accuracy", "high"], "not a comma-separated list"),
     (["kv", "replay", "t.jsonl", "--speedups", "1,0"], "every factor must be > 0"),
     (["kv", "replay", "t.jsonl", "--policies", "flat,magic"], "unknown placement policy"),
+    (["kv", "agent-trace", "--out", "/no/such/dir/t.jsonl"], "does not exist"),
+    (["kv", "agent-trace", "--out", "t.jsonl", "--session-tokens", "1000"],
+     "leaves no room for two steps"),
+    (["serve", "--kv-direct-reads"], "--kv-direct-reads needs --kv-store DIR"),
+    (["serve", "--kv-store", "/tmp/loadwise-direct", "--kv-direct-reads"],
+     "--kv-direct-reads needs --kv-medium extents"),
 ])
 def test_bad_input_exits_2_with_reason(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
