@@ -127,7 +127,7 @@ def test_each_key_reads_back_its_own_block(make, keys: list[int]) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=20))
 def test_read_many_is_read_of_each_key_in_order(make, keys: list[int]) -> None:
-    name, factory, root = make
+    _, factory, root = make
     s = factory(root / f"many-{len(keys)}-{keys[0]}")
     s.open_for_writing()
     try:

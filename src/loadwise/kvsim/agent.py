@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,8 +254,9 @@ class _Cutter:
         return self.window(page, n)
 
     def output(self, kind: str, tokens: int) -> str:
-        fn = getattr(self, kind)
-        return str(fn(self.chars(tokens)))
+        tools = {"read_file": self.read_file, "grep": self.grep, "ls": self.ls,
+                 "test_log": self.test_log, "diff": self.diff, "docs": self.docs}
+        return tools[kind](self.chars(tokens))
 
 
 TASKS = (
@@ -277,6 +279,17 @@ def _system(cut: _Cutter, title: str, tokens: int) -> str:
     while sum(map(len, rules)) < cut.chars(tokens):
         rules.append(fixed.docs(cut.chars(200)))
     return "\n\n".join(rules)[: cut.chars(tokens)]
+
+
+def _arrivals(rng: random.Random, rate_s: float, horizon_s: float) -> Iterator[float]:
+    """Poisson arrival times before ``horizon_s`` (none at rate 0); the caller may draw from
+    ``rng`` between them."""
+    t = 0.0
+    while rate_s > 0:
+        t += rng.expovariate(rate_s)
+        if t >= horizon_s:
+            return
+        yield t
 
 
 def generate(corpus: Corpus, cfg: AgentWorkloadConfig) -> AgentWorkload:
@@ -307,22 +320,14 @@ def generate(corpus: Corpus, cfg: AgentWorkloadConfig) -> AgentWorkload:
     rounds = -(-cfg.total_agents // cfg.agent_sessions)
     horizon = cfg.horizon_s if cfg.horizon_s is not None else horizon * rounds
     chats: list[ChatSession] = []
-    t = 0.0
-    while cfg.chat_rate_s > 0:
-        t += rng.expovariate(cfg.chat_rate_s)
-        if t >= horizon:
-            break
+    for t in _arrivals(rng, cfg.chat_rate_s, horizon):
         turns = tuple(corpus.chat_messages[rng.randrange(len(corpus.chat_messages))]
                       for _ in range(cfg.chat_turns))
         thinks = tuple(rng.expovariate(1.0 / cfg.chat_think_s) if cfg.chat_think_s else 0.0
                        for _ in range(cfg.chat_turns - 1))
         chats.append(ChatSession(f"chat-{cfg.seed}-{len(chats)}", turns, t, thinks))
     shared: list[SharedRequest] = []
-    t = 0.0
-    while cfg.shared_rate_s > 0:
-        t += rng.expovariate(cfg.shared_rate_s)
-        if t >= horizon:
-            break
+    for t in _arrivals(rng, cfg.shared_rate_s, horizon):
         q = corpus.chat_messages[rng.randrange(len(corpus.chat_messages))]
         shared.append(SharedRequest(f"shared-{cfg.seed}-{len(shared)}", t, q))
     return AgentWorkload(cfg, tuple(agents), tuple(chats), tuple(shared), shared_system, horizon)
