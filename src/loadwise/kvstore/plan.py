@@ -116,6 +116,11 @@ class ConnectorPlanner:
         # Blocks vLLM's own cache had were saved when computed (or came from the store).
         t.done_blocks = max(t.done_blocks, end if num_external_tokens else first)
 
+    @property
+    def live_requests(self) -> int:
+        """Requests allocated and not finished."""
+        return len(self._reqs)
+
     def tracks(self, req_id: str) -> bool:
         """Whether ``allocated`` has seen the request (its session is open)."""
         return req_id in self._reqs

@@ -189,6 +189,10 @@ class SchedulerSide:
         rid = request.request_id
         self.planner.finished(rid)
         self._local_tokens.pop(rid, None)
+        if not self.planner.live_requests:
+            # Drained: the counters are written now, not up to 2 s later (a server stopped
+            # after its last request would otherwise lose that request's counts).
+            self._stats.maybe_write(self.counters, self._fingerprint_json, force=True)
         prompt = list(request.prompt_token_ids or [])
         try:
             keep, out = self.handoff.finished(
