@@ -68,6 +68,7 @@ from loadwise.kvsim.agent import (
     generate,
 )
 from loadwise.kvsim.agent_corpus import load_corpus
+from loadwise.kvsim.bench import read_file
 from loadwise.kvstore.connector.markers import count_marker, tool_header_ids
 from loadwise.kvstore.stats import read_stats
 from loadwise.measure.workloads import sharegpt_chats
@@ -107,45 +108,24 @@ def disk_rates(directory: Path, size_bytes: int = 1 << 30, chunk: int = 4 << 20)
     reads: dict[str, list[float]] = {"depth1": [], "depth2": []}
     for _ in range(2):
         for depth in (1, 2):
-            reads[f"depth{depth}"].append(_direct_read(path, size_bytes, chunk, depth))
+            t0 = time.perf_counter()
+            got = read_file(path, True, chunk, depth)
+            reads[f"depth{depth}"].append(got / (time.perf_counter() - t0))
     path.unlink()
     best = max(v for vals in reads.values() for v in vals)
     return {"write_bytes_s": write_bps, "read_bytes_s": reads, "seq_read_bytes_s": best,
             "file_bytes": size_bytes, "chunk_bytes": chunk}
 
 
-def _direct_read(path: Path, size: int, chunk: int, depth: int) -> float:
-    from concurrent.futures import ThreadPoolExecutor
-
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    bufs = [mmap.mmap(-1, chunk) for _ in range(depth)]
-    try:
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(depth) as pool:
-            offs = list(range(0, size, chunk))
-            for i in range(0, len(offs), depth):
-                futs = [pool.submit(os.preadv, fd, [bufs[j]], offs[i + j])
-                        for j in range(min(depth, len(offs) - i))]
-                for f in futs:
-                    f.result()
-        return size / (time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-
-
 def session_reads(store_dir: Path, chunk: int = 4 << 20) -> dict[str, Any]:
     """Every session extent on the store read back through the connector's own read path (a
     follower's ``get_many`` with O_DIRECT into its reused buffer, as ``read_many`` does in the
-    worker), each followed at once by a plain sequential O_DIRECT read of the same bytes of the
-    same file (4 MiB reads, 2 in flight): the disk's rate at that moment. Summary: the median
-    over extents of the ratio of the two, and the pooled throughputs."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    worker), each followed at once by a plain sequential O_DIRECT read of the extent's file
+    (``kvsim.bench.read_file``: 4 MiB reads, 2 in flight): the disk's rate at that moment.
+    Summary: the median over extents of the ratio of the two, and the pooled throughputs."""
     from loadwise.kvstore.ssd_follow import SSDFollower
 
     rows = []
-    pool = ThreadPoolExecutor(2)
-    bufs = [mmap.mmap(-1, chunk) for _ in range(2)]
     for writer in sorted((store_dir / "writers").iterdir()):
         follower = SSDFollower(writer, direct=True, read_depth=2)
         follower.refresh()
@@ -161,24 +141,15 @@ def session_reads(store_dir: Path, chunk: int = 4 << 20) -> dict[str, Any]:
                 got = follower.get_many(keys, reuse=True)
                 dt = time.perf_counter() - t0
                 nbytes = sum(g.nbytes for g in got if g is not None)
-                span = max(follower.index[k].offset + follower.index[k].length for k in keys)
-                fd = os.open(writer / "extents" / f"{extent}.ext", os.O_RDONLY | os.O_DIRECT)
-                try:
-                    t0 = time.perf_counter()
-                    offs = list(range(0, span, chunk))
-                    futs = [pool.submit(os.preadv, fd, [bufs[i % 2]], o)
-                            for i, o in enumerate(offs)]
-                    raw_bytes = sum(f.result() for f in futs)
-                    raw_s = time.perf_counter() - t0
-                finally:
-                    os.close(fd)
+                t0 = time.perf_counter()
+                raw_bytes = read_file(writer / "extents" / f"{extent}.ext", True, chunk, 2)
+                raw_s = time.perf_counter() - t0
                 rows.append({"extent": extent, "blocks": len(keys), "bytes": nbytes,
                              "seconds": dt, "missing": sum(g is None for g in got),
                              "raw_bytes": raw_bytes, "raw_seconds": raw_s,
                              "ratio": (nbytes / dt) / (raw_bytes / raw_s)})
         finally:
             follower.close()
-    pool.shutdown()
     total_b = sum(r["bytes"] for r in rows)
     total_s = sum(r["seconds"] for r in rows)
     raw_b = sum(r["raw_bytes"] for r in rows)

@@ -17,9 +17,13 @@ from loadwise.policy.session_class import (
     SessionClass,
     SessionSignals,
     classify,
+    decide,
     parse_class_hint,
-    why,
 )
+
+
+def why(s: SessionSignals, cfg: ClassifierConfig | None = None) -> str:
+    return decide(s, cfg or ClassifierConfig())[1]
 
 SOURCE = "\n".join(f"def handler_{i}(request):\n    return respond(request, code={i})\n"
                    for i in range(400))

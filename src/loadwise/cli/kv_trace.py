@@ -46,7 +46,11 @@ def cmd_agent_trace(args: argparse.Namespace) -> int:
         timeline,
     )
     from loadwise.kvsim.agent_corpus import load_corpus
-    from loadwise.kvstore.connector.markers import count_marker, tool_header_ids
+    from loadwise.kvstore.connector.markers import (
+        chat_token_ids,
+        count_marker,
+        tool_header_ids,
+    )
     from loadwise.measure.workloads import sharegpt_chats
     from loadwise.model import prepare
 
@@ -67,8 +71,7 @@ def cmd_agent_trace(args: argparse.Namespace) -> int:
     longest: dict[str, int] = {}
     lines: list[str] = []
     for req in timeline(wl, args.step_s, args.step_s):
-        ids: Any = tok.apply_chat_template(list(req.messages), tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "get") else ids)
+        ids = chat_token_ids(tok, list(req.messages))
         longest[req.session_id] = max(longest.get(req.session_id, 0), len(ids))
         rec = TraceRecord(int(req.arrival_s * 1000), len(ids), req.output_tokens,
                           tuple(hasher.hash_ids(ids)), req.session_id,

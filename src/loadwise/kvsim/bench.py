@@ -79,7 +79,7 @@ def _drop_cache(path: Path) -> None:
         os.close(fd)
 
 
-def _read_file(path: Path, direct: bool, chunk_bytes: int = 8 << 20, depth: int = 1) -> int:
+def read_file(path: Path, direct: bool, chunk_bytes: int = 8 << 20, depth: int = 1) -> int:
     """Read a whole file in large chunks, ``depth`` reads in flight (O_DIRECT into aligned
     buffers when ``direct``; otherwise with the page cache dropped first)."""
     if not direct:
@@ -154,8 +154,8 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         passes: dict[str, Callable[[], float]] = {
             "session_staging": lambda: _rate(nbytes, lambda: read_sessions(staging)),
             "session_fresh_buffer": lambda: _rate(nbytes, lambda: read_sessions(None)),
-            "sequential_qd1": lambda: _rate(nbytes, lambda: _read_file(big, direct)),
-            "sequential_store_depth": lambda: _rate(nbytes, lambda: _read_file(
+            "sequential_qd1": lambda: _rate(nbytes, lambda: read_file(big, direct)),
+            "sequential_store_depth": lambda: _rate(nbytes, lambda: read_file(
                 big, direct, ssd.read_chunk_bytes, ssd.read_depth)),
         }
         samples: dict[str, list[float]] = {name: [] for name in passes}

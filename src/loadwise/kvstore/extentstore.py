@@ -123,28 +123,19 @@ class ExtentBlockStore:
         return False
 
     def read(self, key: str) -> memoryview | None:
-        """The block's blob (a view of the buffer it was read into), or None (absent, evicted,
-        torn, corrupt or unreadable)."""
-        k = int_key(key)
-        for attempt in range(2):
-            self.refresh(force=attempt > 0)
-            for follower in self._followers.values():
-                if k in follower:
-                    try:
-                        got = follower.get_many([k])[0]
-                    except OSError:
-                        got = None
-                    if got is not None:
-                        with self._lock:
-                            self.counters.blocks_read += 1
-                            self.counters.bytes_read += got.nbytes
-                        return got
-        return None
+        """The block's blob (a view of a buffer of its own), or None (absent, evicted, torn,
+        corrupt or unreadable)."""
+        return self._read([key], reuse=False)[0]
 
     def read_many(self, keys: list[str]) -> list[memoryview | None]:
         """``read`` for many blocks at once: each writer's blocks are read as contiguous runs
         (a session's blocks in its extent are one read, in sub-reads of a few MiB), into a
         buffer each follower keeps: the views returned are valid until the next call."""
+        return self._read(keys, reuse=True)
+
+    def _read(self, keys: list[str], reuse: bool) -> list[memoryview | None]:
+        """Each key from the first writer that holds it intact; the journals are read again
+        once for what is still missing. ``reuse``: into the followers' own buffers."""
         out: list[memoryview | None] = [None] * len(keys)
         want = {i: int_key(k) for i, k in enumerate(keys)}
         for attempt in range(2):
@@ -155,7 +146,7 @@ class ExtentBlockStore:
                     continue
                 try:
                     # A second attempt must not overwrite the first one's blocks.
-                    got = follower.get_many([k for _, k in mine], reuse=attempt == 0)
+                    got = follower.get_many([k for _, k in mine], reuse=reuse and attempt == 0)
                 except OSError:
                     got = [None] * len(mine)
                 for (i, _), blob in zip(mine, got, strict=True):

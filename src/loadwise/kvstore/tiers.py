@@ -26,8 +26,7 @@ from loadwise.policy.session_class import (
     RequestSignals,
     SessionClass,
     SessionSignals,
-    classify,
-    why,
+    decide,
 )
 
 
@@ -46,8 +45,7 @@ class Session:
         if self.signals is None:
             self.signals = SessionSignals()
         self.signals.observe(req)
-        self.session_class = classify(self.signals, cfg)
-        self.decided_by = why(self.signals, cfg)
+        self.session_class, self.decided_by = decide(self.signals, cfg)
 
 
 class Sessions:

@@ -90,23 +90,20 @@ class SessionSignals:
 DEFAULT_CLASSIFIER = ClassifierConfig()
 
 
-def classify(s: SessionSignals, cfg: ClassifierConfig = DEFAULT_CLASSIFIER) -> SessionClass:
+def decide(s: SessionSignals, cfg: ClassifierConfig = DEFAULT_CLASSIFIER
+           ) -> tuple[SessionClass, str]:
+    """The session's class and the rule that decided it (``hint``, ``tool``, ``long``,
+    ``growth`` or ``default``): the rules of the module's docstring, in order."""
     if s.hint is not None:
-        return s.hint
-    if (s.tool_messages > 0 or s.max_prompt_tokens >= cfg.long_prompt_tokens
-            or s.max_growth_tokens >= cfg.agent_growth_tokens):
-        return SessionClass.AGENT
-    return SessionClass.CHAT
-
-
-def why(s: SessionSignals, cfg: ClassifierConfig = DEFAULT_CLASSIFIER) -> str:
-    """The rule that decided :func:`classify` (for counters and the benchmark's report)."""
-    if s.hint is not None:
-        return "hint"
+        return s.hint, "hint"
     if s.tool_messages > 0:
-        return "tool"
+        return SessionClass.AGENT, "tool"
     if s.max_prompt_tokens >= cfg.long_prompt_tokens:
-        return "long"
+        return SessionClass.AGENT, "long"
     if s.max_growth_tokens >= cfg.agent_growth_tokens:
-        return "growth"
-    return "default"
+        return SessionClass.AGENT, "growth"
+    return SessionClass.CHAT, "default"
+
+
+def classify(s: SessionSignals, cfg: ClassifierConfig = DEFAULT_CLASSIFIER) -> SessionClass:
+    return decide(s, cfg)[0]

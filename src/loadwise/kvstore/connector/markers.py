@@ -20,11 +20,8 @@ def tool_header_ids(tokenizer_path: str) -> tuple[int, ...] | None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
-        ids: Any = tok.apply_chat_template([{"role": "tool", "content": _SENTINEL}], tokenize=True)
-        if hasattr(ids, "get"):  # a BatchEncoding
-            ids = ids["input_ids"]
+        ids = chat_token_ids(tok, [{"role": "tool", "content": _SENTINEL}])
         content = tok.encode(_SENTINEL, add_special_tokens=False)
-        ids = [int(i) for i in ids]
         at = next(i for i in range(len(ids)) if ids[i:i + len(content)] == content)
     except Exception as exc:  # noqa: BLE001 (tool messages are then not a signal)
         logger.warning("loadwise: no tool-message header from %s (%s); the session classifier "
@@ -38,6 +35,15 @@ def tool_header_ids(tokenizer_path: str) -> tuple[int, ...] | None:
                        "classifier uses growth, length and hints only", tokenizer_path)
         return None
     return tuple(ids[starts[-1]:at])
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids the tokenizer's chat template gives ``messages`` (no generation prompt),
+    whether it returns a list or a BatchEncoding."""
+    ids: Any = tokenizer.apply_chat_template(messages, tokenize=True)
+    if hasattr(ids, "get"):  # a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
 
 
 def count_marker(ids: Sequence[int], marker: tuple[int, ...] | None) -> int:
