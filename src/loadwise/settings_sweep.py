@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.cpu_kernels import machine
 from loadwise.config.engine import EngineSpec
 from loadwise.config.platform import on_cpu
 from loadwise.config.serving import ServingSettings
@@ -27,7 +28,6 @@ from loadwise.measure.quality import AnswerQuality, compare_answers
 from loadwise.measure.serving import measure_load_window, runtime_libraries, thread_affinity
 from loadwise.measure.workloads import Workload
 from loadwise.policy.settings import QualityBar, SettingsDecision, choose_settings, dtype_quality
-from loadwise.provenance import cpu_info
 from loadwise.vllm.server import ServerProcess
 
 Advance = Callable[[str], None]
@@ -243,7 +243,7 @@ def measure_settings(spec: EngineSpec, candidates: Sequence[ServingSettings],
             s.stop()
     engine = {"model": spec.model, "spec_method": spec.spec_method, "max_k": spec.max_k,
               "max_num_seqs": spec.max_num_seqs, "enforce_eager": spec.enforce_eager,
-              "workload": workload.name, "machine": cpu_info()}
+              "workload": workload.name, "machine": machine()}
     return SettingsSweep(cfg, tuple(candidates), tuple(facts), tuple(windows), engine,
                          tuple(quality))
 

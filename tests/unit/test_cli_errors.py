@@ -48,6 +48,8 @@ PROFILE = Path(__file__).parents[1] / "fixtures/tune-20261130-173313/profile.jso
      "--disagg does not take --schedule sjf"),
     (["predictor", "train", "--out", "/tmp/p", "--num-prompts", "3"], "--num-prompts must be"),
     (["tune", "--batch-sizes", "4,2"], "increasing"),
+    (["quant", "eval", "--w-bits", "4", "--a-bits", "4", "--accumulation", "int16-pairs"],
+     "int16-pairs accumulation is how a CPU sums W8A8 int8 products"),
     (["tune", "--workload", "no-such-workload"], "unknown workload"),
     (["evaluate", "--profile", "/no/such/profile.json"], "cannot read profile"),
     (["report", "/no/such/profile.json"], "cannot read profile"),

@@ -144,9 +144,15 @@ def test_table_arg_file_or_inline(tmp_path: Path) -> None:
     assert parse_table_arg(None, 2) is None
 
 
-def test_a_w4a16_checkpoint_in_float32_is_refused_with_the_fix(tmp_path: Path) -> None:
+def test_a_w4a16_checkpoint_in_float32_is_refused_with_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadwise.config import cpu_kernels
     from loadwise.config.runtime import RuntimeSettings
 
+    # An AVX-512+BF16 CPU without AMX (where the dtype is the only rule): other CPUs' rules are
+    # in test_cpu_kernels.py.
+    monkeypatch.setattr(cpu_kernels, "isa_flags", lambda: ["avx2", "avx512f", "avx512bw",
+                                                            "avx512vl", "avx512_bf16"])
     (tmp_path / "config.json").write_text(
         '{"quantization_config": {"quant_method": "compressed-tensors", '
         '"format": "pack-quantized"}}')

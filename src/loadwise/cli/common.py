@@ -210,13 +210,13 @@ def default_settings(args: argparse.Namespace, meta: Mapping[str, Any] | None
     else the profile's, else the last tune's on this CPU, else vLLM's defaults. Returns the
     settings and a line saying where they came from."""
     from loadwise.config import env as envvars
+    from loadwise.config.cpu_kernels import machine
     from loadwise.config.platform import on_cpu
     from loadwise.config.serving import last_measured
     from loadwise.model import loadwise_home
-    from loadwise.provenance import cpu_info
 
     use_last = on_cpu() and not envvars.IGNORE_LAST_SETTINGS.flag()
-    last = last_measured(loadwise_home(), cpu_info()) if use_last else None
+    last = last_measured(loadwise_home(), machine()) if use_last else None
     settings, sources = _resolve_settings(args, meta, None if last is None else last.settings)
     line = "settings: " + ", ".join(sources)
     if last is not None and "last tune" in line:

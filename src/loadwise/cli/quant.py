@@ -69,6 +69,10 @@ def add_parser(sub: Any) -> None:
                    help="hessian: how many of the calibration segments it solves on")
     p.add_argument("--hessian-tokens", type=int, default=HESSIAN_TOKENS,
                    help="hessian: tokens of each (at most 2048)")
+    p.add_argument("--accumulation", default="int32", choices=("int32", "int16-pairs", "cpu"),
+                   help="how the integer GEMM sums W8A8's int8 products: exactly (int32: CPUs "
+                        "with VNNI or AMX), in saturating int16 pairs as oneDNN does without "
+                        "them (AVX2), or as this CPU's vLLM kernels do (cpu)")
     p.add_argument("--model", help="model directory (default: the embedded model)")
     p.add_argument("--out", help="write the record (JSON, with the machine) here")
     p.set_defaults(func=run_eval)
@@ -121,11 +125,24 @@ def check_hessian(method: str, segments: int, calib_segments: int, tokens: int) 
         raise UsageError(f"--hessian-tokens must be 1 to {CALIB_TOKENS}, got {tokens}")
 
 
+def accumulation(name: str, spec: Any) -> str:
+    """``--accumulation``: ``cpu`` is this CPU's kernels' (a no-op outside W8A8 int8)."""
+    from loadwise.config import cpu_kernels
+    from loadwise.quant.formats import QuantFormat
+
+    w8 = QuantFormat("int", 8, None)
+    if name == "cpu":
+        w8a8 = spec.weights == w8 and spec.activations == w8
+        return cpu_kernels.int8_accumulation(cpu_kernels.isa_flags()) if w8a8 else "int32"
+    return name
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.provenance import provenance
     from loadwise.quant.hessian import HessianConfig
     from loadwise.quant.run import PTB_TEST, EvalConfig, Session
+    from loadwise.quant.sim import check_accumulation
     from loadwise.quant.spec import QuantSpec
 
     made_by = provenance()
@@ -134,9 +151,11 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.text and not Path(args.text).is_file():
         raise UsageError(f"--text {args.text}: no such file")
     check_hessian(args.method, args.hessian_segments, args.calib_segments, args.hessian_tokens)
+    check_accumulation(spec, accumulation(args.accumulation, spec))
     cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
                      calib_segments=args.calib_segments,
-                     hessian=HessianConfig(args.hessian_segments, args.hessian_tokens))
+                     hessian=HessianConfig(args.hessian_segments, args.hessian_tokens),
+                     accumulation=accumulation(args.accumulation, spec))
     model_dir = Path(args.model) if args.model else prepare().path
     console.print(f"{args.method} {spec.name} on {cfg.text} …")
     with console.status("loading the model") as status:

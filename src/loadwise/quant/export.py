@@ -32,7 +32,7 @@ from loadwise.quant.catalog import (
     HESSIAN_TOKENS,
     SCHEMES,
 )
-from loadwise.quant.formats import QuantFormat, fit, grouped
+from loadwise.quant.formats import QuantFormat, integer_weights
 from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.llama import all_linears
 from loadwise.quant.methods import MethodConfig, Progress
@@ -105,18 +105,6 @@ def quantization_config(cfg: ExportConfig) -> dict[str, Any]:
             "quantization_status": "compressed", "ignore": ["lm_head"], "kv_cache_scheme": None,
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                           "input_activations": acts, "output_activations": None}}}
-
-
-def integer_weights(w: torch.Tensor, fmt: QuantFormat,
-                    scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w``'s symmetric integers (int8 tensor) and scales ``[out, groups]``:
-    ``q * scale`` (scale repeated over each group) is ``formats.quantize(w, fmt)``. ``scale``:
-    the scales a method fixed (GPTQ's, a clipped range's), ``w`` already on their grid."""
-    xg = grouped(w.float(), fmt.group)
-    scale = fit(xg, fmt).scale if scale is None else scale.float()[..., None]  # [out, groups, 1]
-    qmax = 2 ** (fmt.bits - 1) - 1
-    q = torch.clamp(torch.round(xg / scale), -qmax - 1, qmax).to(torch.int8)
-    return q.reshape(w.shape), scale.squeeze(-1)
 
 
 def ptb_calibration(model_dir: Path) -> Calibration:

@@ -184,6 +184,29 @@ def quantize_fitted(x: torch.Tensor, fmt: QuantFormat, ref: torch.Tensor,
     return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
 
+def int_codes(x: torch.Tensor, fmt: QuantFormat,
+              clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x``'s integers (float values) and scales ``[..., 1]`` in a symmetric int format with one
+    group per row: ``q * scale`` is ``quantize(x, fmt, clip)``."""
+    if fmt.kind != "int" or not fmt.symmetric or fmt.group is not None:
+        raise FormatError(f"integer codes are for symmetric int formats per row, not {fmt.name}")
+    scale = fit(grouped(x.float(), None), fmt, clip=clip).scale[..., 0]
+    qmax = 2 ** (fmt.bits - 1) - 1
+    return torch.clamp(torch.round(x.float() / scale), -qmax - 1, qmax), scale
+
+
+def integer_weights(w: torch.Tensor, fmt: QuantFormat,
+                    scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w``'s symmetric integers (int8 tensor) and scales ``[out, groups]``:
+    ``q * scale`` (scale repeated over each group) is ``quantize(w, fmt)``. ``scale``: the
+    scales a method fixed (GPTQ's, a clipped range's), ``w`` already on their grid."""
+    xg = grouped(w.float(), fmt.group)
+    scale = fit(xg, fmt).scale if scale is None else scale.float()[..., None]  # [out, groups, 1]
+    qmax = 2 ** (fmt.bits - 1) - 1
+    q = torch.clamp(torch.round(xg / scale), -qmax - 1, qmax).to(torch.int8)
+    return q.reshape(w.shape), scale.squeeze(-1)
+
+
 def quantize(x: torch.Tensor, fmt: QuantFormat | None, clip: float = 1.0) -> torch.Tensor:
     """``x`` quantize-dequantized along its last dimension (``None``: unchanged)."""
     if fmt is None:

@@ -40,13 +40,15 @@ class EvalConfig:
     calib_tokens: int = CALIB_TOKENS
     seed: int = 0
     hessian: HessianConfig = field(default_factory=HessianConfig)
+    # How the integer GEMM sums W8A8's products (sim.ACCUMULATIONS): int32 is exact.
+    accumulation: str = "int32"
 
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "spec": self.spec.to_json(), "text": self.text,
                 "max_windows": self.max_windows, "alpha": self.alpha,
                 "alpha_windows": self.alpha_windows, "calib_segments": self.calib_segments,
                 "calib_tokens": self.calib_tokens, "seed": self.seed,
-                "hessian": self.hessian.to_json()}
+                "hessian": self.hessian.to_json(), "accumulation": self.accumulation}
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class EvalRecord:
                          c["calib_tokens"], c["seed"],
                          # Records written before the hessian method have no such field.
                          HessianConfig.from_json(c["hessian"]) if "hessian" in c
-                         else HessianConfig())
+                         else HessianConfig(), c.get("accumulation", "int32"))
         return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
                    d["prepare_s"], d["eval_s"])
 
@@ -127,7 +129,7 @@ class Session:
             key += (cfg.spec, cfg.hessian)
         if key in self._prepared:
             model, prepared = self._prepared[key]
-            return simulate(copy.deepcopy(model), cfg.spec, prepared)
+            return simulate(copy.deepcopy(model), cfg.spec, prepared, cfg.accumulation)
         model = copy.deepcopy(self.base)
         prepared = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed, cfg.hessian),
                                    cfg.spec, self.calibration(cfg), self.progress,
@@ -135,7 +137,7 @@ class Session:
         if keep:
             self._prepared[key] = (model, prepared)
             model = copy.deepcopy(model)
-        return simulate(model, cfg.spec, prepared)
+        return simulate(model, cfg.spec, prepared, cfg.accumulation)
 
     def workdir(self, cfg: EvalConfig) -> Path | None:
         """Where the hessian method keeps its finished layers for ``cfg`` (None: other

@@ -11,9 +11,14 @@ import torch
 from torch import nn
 
 from loadwise.quant import formats
-from loadwise.quant.formats import QuantFormat
+from loadwise.quant.accumulate import PairSaturation
+from loadwise.quant.formats import FormatError, QuantFormat, integer_weights
 from loadwise.quant.llama import KV_LINEARS, all_linears, layers, linears, set_linear
 from loadwise.quant.spec import QuantSpec
+
+# How the integer GEMM sums int8 products: exactly, or in saturating int16 pairs
+# (``config.cpu_kernels.int8_accumulation`` says which on a given CPU).
+ACCUMULATIONS = ("int32", "int16-pairs")
 
 
 @dataclass(frozen=True)
@@ -31,8 +36,16 @@ class Prepared:
         return table.get(name, table.get(name.rsplit(".", 1)[-1]))
 
 
+@dataclass(frozen=True)
+class Int8Pairs:
+    """A W8A8 linear's integer weights as a CPU without an int8 dot product sums them."""
+    saturation: PairSaturation
+    weight_scale: torch.Tensor  # [N]
+
+
 class SimLinear(nn.Module):
     rotate_in: torch.Tensor | None
+    int8_pairs: Int8Pairs | None = None
 
     def __init__(self, linear: nn.Linear, act: QuantFormat | None, out: QuantFormat | None,
                  rotate_in: torch.Tensor | None = None, act_clip: float = 1.0,
@@ -52,21 +65,49 @@ class SimLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rotate_in is not None:
             x = x @ self.rotate_in
-        x = formats.quantize(x, self.act, self.act_clip)
-        y = nn.functional.linear(x, self.weight, self.bias)
+        if self.int8_pairs is not None and self.act is not None:
+            q, scale = formats.int_codes(x, self.act, self.act_clip)
+            y = nn.functional.linear(q * scale, self.weight, self.bias)
+            excess = self.int8_pairs.saturation.excess(q.reshape(-1, q.shape[-1]))
+            y = y + (excess * scale.reshape(-1, 1) * self.int8_pairs.weight_scale) \
+                .reshape(y.shape)
+        else:
+            y = nn.functional.linear(formats.quantize(x, self.act, self.act_clip), self.weight,
+                                     self.bias)
         return formats.quantize(y, self.out, self.out_clip)
 
 
-def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None) -> Any:
-    """Replace the decoder's linears by simulated ones (in place)."""
+def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None,
+             accumulation: str = "int32") -> Any:
+    """Replace the decoder's linears by simulated ones (in place); ``accumulation``: how the
+    integer GEMM sums a W8A8 spec's products (``int16-pairs``: as oneDNN without VNNI)."""
     p = prepared or Prepared()
+    pairs = check_accumulation(spec, accumulation)
     names = {id(lin): name for name, lin in all_linears(model)}
     for layer in layers(model):
         for name, lin in linears(layer).items():
             full = names[id(lin)]
             out = spec.kv if name in KV_LINEARS else None
-            set_linear(layer, name, SimLinear(lin, spec.activations, out,
-                                              Prepared.lookup(p.rotate_in, full),
-                                              Prepared.lookup(p.act_clip, full) or 1.0,
-                                              Prepared.lookup(p.out_clip, full) or 1.0))
+            sim = SimLinear(lin, spec.activations, out, Prepared.lookup(p.rotate_in, full),
+                            Prepared.lookup(p.act_clip, full) or 1.0,
+                            Prepared.lookup(p.out_clip, full) or 1.0)
+            if pairs and spec.weights is not None:
+                q, scale = integer_weights(lin.weight.detach(), spec.weights,
+                                           Prepared.lookup(p.weight_scales, full))
+                sim.int8_pairs = Int8Pairs(PairSaturation(q), scale.reshape(-1).float())
+            set_linear(layer, name, sim)
     return model
+
+
+def check_accumulation(spec: QuantSpec, accumulation: str) -> bool:
+    """True when ``accumulation`` changes what ``spec`` computes (int8 pairs on W8A8)."""
+    if accumulation not in ACCUMULATIONS:
+        raise FormatError(f"unknown accumulation {accumulation!r}: one of "
+                          f"{', '.join(ACCUMULATIONS)}")
+    if accumulation == "int32":
+        return False
+    w8 = QuantFormat("int", 8, None)
+    if spec.weights != w8 or spec.activations != w8:
+        raise FormatError(f"{accumulation} accumulation is how a CPU sums W8A8 int8 products "
+                          f"(int8 per channel and per token), not {spec.name}")
+    return True

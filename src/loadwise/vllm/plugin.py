@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loadwise.config import cpu_kernels
 from loadwise.config import env as envvars
 from loadwise.config.platform import on_cpu
 from loadwise.config.serving import settings_from_env
@@ -50,12 +51,33 @@ def register() -> None:
     """General-plugin entry point, run in every vLLM process (maybe more than once). Registers
     the scheduler adapter's hooks; each reads its variable at every scheduler start, so an
     in-process engine started later in this process gets the settings it was started with."""
+    _emulate_isa()
     scheduler_hooks.add_init_hook(scheduler_hooks.attach_step_log)
     scheduler_hooks.add_init_hook(attach_gate)
     _register_adaptive()
     _register_gate()
     _register_length_features()
     _register_warmup()
+
+
+_isa_logged = False
+
+
+def _emulate_isa() -> None:
+    """``LOADWISE_EMULATE_ISA``: vLLM's kernels as on that ISA. First, before any hook below
+    imports vLLM's kernels; a process whose kernels were loaded already keeps them (logged)."""
+    global _isa_logged
+    try:
+        if cpu_kernels.emulated_isa() is None or not on_cpu():
+            return
+        if not compat.hide_isa_above_avx2() and not _isa_logged:
+            _isa_logged = True
+            ensure_log_handler()
+            logger.warning("loadwise: %s is set but vLLM's kernels were loaded before the "
+                           "plugin ran: this process keeps the CPU's own",
+                           envvars.EMULATE_ISA.name)
+    except Exception:
+        logger.exception("loadwise: ISA emulation failed; vLLM runs on the CPU's own kernels")
 
 
 def _register_adaptive() -> None:

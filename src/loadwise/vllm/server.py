@@ -37,6 +37,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def engine_kernel_libraries(pgid: int) -> set[str]:
+    """The vLLM kernel libraries (``_C``, ``_C_AVX512``, ``_C_AVX2``) mapped by the engine
+    processes (``VLLM::EngineCore``, ``VLLM::Worker``: where the model runs) of a process
+    group."""
+    libs: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid or \
+                    not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::"):
+                continue
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        libs |= {line.rsplit("/", 1)[-1].split(".")[0] for line in maps.splitlines()
+                 if "/vllm/_C" in line}
+    return libs
+
+
 class ServerProcess:
     def __init__(
         self,

@@ -1,0 +1,152 @@
+"""W8A8 checkpoints served on this CPU's own int8 kernels and on vLLM's AVX2 kernels, against the
+harness's simulation of the same weights: does the harness compute what the engine computes?
+
+Target, declared before the first run (2026-12-07): for every export method and every ISA run
+(``native``, and ``avx2``: LOADWISE_EMULATE_ISA, where the CPU has more), the engine's perplexity
+is within 1 % of the harness's with the integer accumulation the ISA's kernel uses
+(``config.cpu_kernels.int8_accumulation``). Rule: engine ppl / harness ppl over the same PTB
+test windows, one figure per (method, ISA); met where every |ratio - 1| < 0.01. Recorded beside
+it: the ratio to the exact (int32) harness, which is what the bound was checked against before,
+and the kernel libraries the server's processes mapped (the emulation must load ``_C_AVX2``).
+
+Writes benchmarks/results/quant-kernel-parity-<time>.json.
+Usage: python benchmarks/quant_kernel_parity.py [--windows 2] [--methods rtn,dualquant,...]
+       [--quick-hessian]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from results_io import write_result
+
+from loadwise.config import cpu_kernels
+from loadwise.config import env as envvars
+from loadwise.config.binding import ALL, CpuBinding
+from loadwise.config.engine import EngineSpec
+from loadwise.measure.quality import text_logprobs
+from loadwise.model import loadwise_home, prepare
+from loadwise.provenance import provenance
+from loadwise.quant.catalog import EXPORT_METHODS
+from loadwise.quant.export import ExportConfig, export
+from loadwise.quant.ppl import windows as cut
+from loadwise.quant.run import EvalConfig, Session
+from loadwise.quant.sim import ACCUMULATIONS
+from loadwise.quant.spec import QuantSpec
+from loadwise.vllm.server import ServerProcess, engine_kernel_libraries
+
+BOUND = 0.01  # |engine / harness - 1|, the ISA's own accumulation
+
+
+def isas_here() -> list[str]:
+    native = cpu_kernels.isa_flags({})
+    return ["native"] + (["avx2"] if cpu_kernels.AVX512 <= set(native) else [])
+
+
+def isa_env(isa: str) -> dict[str, str]:
+    return {} if isa == "native" else {envvars.EMULATE_ISA.name: isa}
+
+
+def harness(session: Session, cfg: ExportConfig, windows: int) -> dict[str, Any]:
+    """The harness's perplexity of the export's weights under each accumulation."""
+    spec = QuantSpec(cfg.weight_format, cfg.activation_format)
+    out = {}
+    for acc in ACCUMULATIONS:
+        rec = session.evaluate(EvalConfig(cfg.method, spec, "ptb", windows, hessian=cfg.hessian,
+                                          accumulation=acc))
+        out[acc] = rec.perplexity.to_json()
+    session.forget()
+    return out
+
+
+def engine_ppl(url: str, model: str, wins: Any) -> dict[str, Any]:
+    nll = []
+    for w in wins:
+        lps = text_logprobs(url, model, w.tolist())
+        nll.append(-sum(lps) / len(lps))
+    return {"ppl": math.exp(statistics.fmean(nll)), "window_nll": nll}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--windows", type=int, default=2, help="PTB test windows of 2048 tokens")
+    ap.add_argument("--methods", default=",".join(EXPORT_METHODS))
+    ap.add_argument("--quick-hessian", action="store_true",
+                    help="the hessian method on 1 segment of 256 tokens (as the tests run it)")
+    args = ap.parse_args()
+    made_by = provenance()
+    t0 = time.perf_counter()
+    quick = {"hessian_segments": 1, "hessian_tokens": 256} if args.quick_hessian else {}
+    configs = {m: ExportConfig("w8a8", m, **quick) for m in args.methods.split(",")}
+    base_dir = prepare().path
+    dirs = {m: export(base_dir, loadwise_home() / "quant-parity" / m, c)
+            for m, c in configs.items()}
+    print(f"[{time.perf_counter() - t0:5.0f} s] exported {list(dirs)}", flush=True)
+    session = Session(base_dir)
+    sim = {m: harness(session, c, args.windows) for m, c in configs.items()}
+    wins = cut(session.ids("ptb"), max_windows=args.windows)
+    del session
+    print(f"[{time.perf_counter() - t0:5.0f} s] harness "
+          f"{ {m: {a: round(p['ppl'], 4) for a, p in h.items()} for m, h in sim.items()} }",
+          flush=True)
+    base = EngineSpec(model=str(base_dir), spec_method=None, max_num_seqs=4,
+                      max_model_len=4096, kv_cache_space_gib=1, enforce_eager=True,
+                      cpu_binding=CpuBinding.parse(ALL))
+    rows = []
+    for isa in isas_here():
+        env = isa_env(isa)
+        flags = cpu_kernels.isa_flags(env)
+        for m, d in dirs.items():
+            rows.append(serve_one(base, isa, env, flags, m, d, wins, sim[m]))
+            print(f"[{time.perf_counter() - t0:5.0f} s] {rows[-1]['isa']} {m}: engine "
+                  f"{rows[-1]['engine']['ppl']:.4f}, ratio to the harness "
+                  f"{rows[-1]['ratio']:.4f} ({rows[-1]['accumulation']}), to int32 "
+                  f"{rows[-1]['ratio_int32']:.4f}; {rows[-1]['libraries']}", flush=True)
+    worst = max(abs(r["ratio"] - 1) for r in rows)
+    summary = {"worst_abs_ratio_minus_1": worst, "bound": BOUND,
+               "verdict": "met" if worst < BOUND else "missed",
+               "emulation_loaded_avx2": all(r["libraries"] == ["_C_AVX2"] for r in rows
+                                            if r["isa"] == "avx2")}
+    print(summary)
+    write_result("quant-kernel-parity", {
+        **made_by, "binding": base.cpu_binding.to_json(),
+        "config": {**vars(args), "bound": BOUND, "isas": isas_here(),
+                   "exports": {m: dataclasses.asdict(c) for m, c in configs.items()},
+                   "engine": {"enforce_eager": True, "max_num_seqs": base.max_num_seqs}},
+        "harness_ppl": sim, "rows": rows, "summary": summary,
+        "wall_s": round(time.perf_counter() - t0, 1)})
+
+
+def serve_one(base: EngineSpec, isa: str, env: dict[str, str], flags: list[str], method: str,
+              model_dir: Path, wins: Any, sim: dict[str, Any]) -> dict[str, Any]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the spec's env() and the server's processes read it
+    try:
+        server = ServerProcess(dataclasses.replace(base, model=str(model_dir))).start(900)
+        try:
+            libraries = sorted(engine_kernel_libraries(server.pgid))
+            engine = engine_ppl(server.url, Path(model_dir).name, wins)
+        finally:
+            server.stop()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    acc = cpu_kernels.int8_accumulation(flags)
+    return {"isa": isa, "isa_flags": flags, "method": method, "accumulation": acc,
+            "expected_library": cpu_kernels.kernel_library(flags), "libraries": libraries,
+            "engine": engine, "ratio": engine["ppl"] / sim[acc]["ppl"],
+            "ratio_int32": engine["ppl"] / sim["int32"]["ppl"]}
+
+
+if __name__ == "__main__":
+    main()
