@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from quant_served import engine_ppl
 from results_io import write_result
 
 from loadwise.config import cpu_kernels
 from loadwise.config import env as envvars
 from loadwise.config.binding import ALL, CpuBinding
 from loadwise.config.engine import EngineSpec
-from loadwise.measure.quality import text_logprobs
 from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
 from loadwise.quant.catalog import EXPORT_METHODS
@@ -46,8 +45,20 @@ BOUND = 0.01  # |engine / harness - 1|, the ISA's own accumulation
 
 
 def isas_here() -> list[str]:
-    native = cpu_kernels.isa_flags({})
+    native = cpu_kernels.isa_flags()
     return ["native"] + (["avx2"] if cpu_kernels.AVX512 <= set(native) else [])
+
+
+def exported(base_dir: Path, out: Path, cfg: ExportConfig, reuse: bool) -> Path:
+    """``cfg``'s checkpoint at ``out``; ``reuse``: one this script wrote there with the same
+    configuration is kept."""
+    marker = out / "parity-export.json"
+    want = json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+    if reuse and marker.is_file() and marker.read_text() == want:
+        return out
+    export(base_dir, out, cfg)
+    marker.write_text(want)
+    return out
 
 
 def isa_env(isa: str) -> dict[str, str]:
@@ -59,25 +70,20 @@ def harness(session: Session, cfg: ExportConfig, windows: int) -> dict[str, Any]
     spec = QuantSpec(cfg.weight_format, cfg.activation_format)
     out = {}
     for acc in ACCUMULATIONS:
-        rec = session.evaluate(EvalConfig(cfg.method, spec, "ptb", windows, hessian=cfg.hessian,
-                                          accumulation=acc))
+        # The export's own SmoothQuant alpha, not one searched on PTB valid.
+        rec = session.evaluate(EvalConfig(cfg.method, spec, "ptb", windows, cfg.smooth_alpha,
+                                          hessian=cfg.hessian, accumulation=acc))
         out[acc] = rec.perplexity.to_json()
     session.forget()
     return out
-
-
-def engine_ppl(url: str, model: str, wins: Any) -> dict[str, Any]:
-    nll = []
-    for w in wins:
-        lps = text_logprobs(url, model, w.tolist())
-        nll.append(-sum(lps) / len(lps))
-    return {"ppl": math.exp(statistics.fmean(nll)), "window_nll": nll}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=2, help="PTB test windows of 2048 tokens")
     ap.add_argument("--methods", default=",".join(EXPORT_METHODS))
+    ap.add_argument("--reuse-exports", action="store_true",
+                    help="keep checkpoints this script exported before with the same settings")
     ap.add_argument("--quick-hessian", action="store_true",
                     help="the hessian method on 1 segment of 256 tokens (as the tests run it)")
     args = ap.parse_args()
@@ -86,7 +92,7 @@ def main() -> None:
     quick = {"hessian_segments": 1, "hessian_tokens": 256} if args.quick_hessian else {}
     configs = {m: ExportConfig("w8a8", m, **quick) for m in args.methods.split(",")}
     base_dir = prepare().path
-    dirs = {m: export(base_dir, loadwise_home() / "quant-parity" / m, c)
+    dirs = {m: exported(base_dir, loadwise_home() / "quant-parity" / m, c, args.reuse_exports)
             for m, c in configs.items()}
     print(f"[{time.perf_counter() - t0:5.0f} s] exported {list(dirs)}", flush=True)
     session = Session(base_dir)
@@ -102,7 +108,7 @@ def main() -> None:
     rows = []
     for isa in isas_here():
         env = isa_env(isa)
-        flags = cpu_kernels.isa_flags(env)
+        flags = cpu_kernels.isa_flags({**os.environ, **env})
         for m, d in dirs.items():
             rows.append(serve_one(base, isa, env, flags, m, d, wins, sim[m]))
             print(f"[{time.perf_counter() - t0:5.0f} s] {rows[-1]['isa']} {m}: engine "
@@ -116,7 +122,7 @@ def main() -> None:
                                             if r["isa"] == "avx2")}
     print(summary)
     write_result("quant-kernel-parity", {
-        **made_by, "binding": base.cpu_binding.to_json(),
+        **made_by, "kernels_machine": cpu_kernels.machine(), "binding": base.cpu_binding.to_json(),
         "config": {**vars(args), "bound": BOUND, "isas": isas_here(),
                    "exports": {m: dataclasses.asdict(c) for m, c in configs.items()},
                    "engine": {"enforce_eager": True, "max_num_seqs": base.max_num_seqs}},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,23 +39,23 @@ ISAS = ("native", "avx2")
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
     return subprocess.run([sys.executable, "-m", "loadwise.cli", *args], capture_output=True,
                           text=True, timeout=600, check=False, env={**os.environ, **(env or {})})
 
 
 def _isa_env(isa: str) -> dict[str, str]:
-    """The variables that make loadwise and its engines run ``isa``'s kernels here."""
+    """The variables that make loadwise and its engines run ``isa``'s kernels here (``native``:
+    as this process's environment says, an emulation set for the whole run included)."""
     if isa == "native":
         return {}
-    if not cpu_kernels.AVX512 <= set(cpu_kernels.isa_flags({})):
-        pytest.skip("this CPU runs vLLM's AVX2 kernels natively: the native case is this one")
+    if not cpu_kernels.AVX512 <= set(cpu_kernels.isa_flags()):
+        pytest.skip("vLLM runs its AVX2 kernels here already: the native case is this one")
     return {envvars.EMULATE_ISA.name: isa}
 
 
 def _flags(env: dict[str, str]) -> list[str]:
-    return cpu_kernels.isa_flags(env)
+    """The ISA flags an engine started with ``env`` on top of this environment sees."""
+    return cpu_kernels.isa_flags({**os.environ, **env})
 
 
 # --- the engine's int8 GEMM, one call ---------------------------------------------------------
@@ -81,6 +82,9 @@ pairs = exact + PairSaturation(w).excess(xq).double()
 scale = xs.double() * ws.double().t()
 err = {k: ((out.double() - v * scale).abs().max() / (v * scale).abs().max()).item()
        for k, v in (("int32", exact), ("int16-pairs", pairs))}
+from loadwise.quant.formats import QuantFormat, int_codes
+q, s = int_codes(x, QuantFormat("int", 8, None))
+err["codes_differing"] = int((q != xq.float()).sum()) + int((s != xs).sum())
 print(json.dumps(err))
 """
 
@@ -88,13 +92,13 @@ print(json.dumps(err))
 @pytest.mark.integration
 @pytest.mark.parametrize("isa", ISAS)
 def test_the_harness_sums_int8_products_as_the_engines_kernel_does(isa: str) -> None:
-    """vLLM's oneDNN int8 GEMM on full-range weights and outlier activations: it equals the
-    exact int32 sum on a CPU with an int8 dot product and the int16-pair model without one, to
-    float rounding; the other model is off by far more."""
-    import os
-
+    """vLLM's per-token int8 quantization and oneDNN int8 GEMM on full-range weights and outlier
+    activations: the codes are the harness's, and the GEMM equals the exact int32 sum on a CPU
+    with an int8 dot product and the int16-pair model without one, to float rounding; the other
+    model is off by far more."""
     env = _isa_env(isa)
-    engine_env = {**os.environ, **env, **cpu_kernels.engine_env(env)}
+    engine_env = {**os.environ, **env}
+    engine_env.update(cpu_kernels.engine_env(engine_env))
     done = subprocess.run([sys.executable, "-c", _KERNEL], capture_output=True, text=True,
                           env=engine_env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -102,6 +106,7 @@ def test_the_harness_sums_int8_products_as_the_engines_kernel_does(isa: str) -> 
     expected = cpu_kernels.int8_accumulation(_flags(env))
     other = "int32" if expected == "int16-pairs" else "int16-pairs"
     assert err[expected] < 1e-5 and err[other] > 1e-2, (expected, err)
+    assert err["codes_differing"] == 0  # the activations' int8 codes and scales are the harness's
 
 
 # --- served W8A8 perplexity -------------------------------------------------------------------

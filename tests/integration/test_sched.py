@@ -23,7 +23,9 @@ from loadwise.sched.predictor import OracleLengths, ids_key
 
 from .test_serve import _start_serve, _stop
 
-LONG_TOKENS = 200
+# Equal long requests (a shorter one behind the first would pass it under srpt); long enough
+# that the first still runs when the short one arrives, 0.3 s after it started.
+LONG_TOKENS = 100
 SHORT_TOKENS = 4
 
 

@@ -81,8 +81,8 @@ def test_a_simulated_linear_with_pairs_computes_the_saturating_gemm() -> None:
     w_scale = torch.rand(24, generator=g) * 0.01 + 1e-3
     lin.weight.data = q_w * w_scale[:, None]
     x = torch.randn(2, 5, 64, generator=g) * 4
-    sim = SimLinear(lin, INT8, None)
-    sim.int8_pairs = Int8Pairs(PairSaturation(q_w.to(torch.int8)), w_scale)
+    sim = SimLinear(lin, INT8, None,
+                    int8_pairs=Int8Pairs(PairSaturation(q_w.to(torch.int8)), w_scale))
     q_a, a_scale = int_codes(x, INT8)
     flat = q_a.reshape(-1, 64).to(torch.int8)
     want = _vpmaddubsw_gemm(flat, q_w.to(torch.int8)).double() * \
@@ -99,3 +99,18 @@ def test_pairs_are_refused_outside_w8a8() -> None:
                  "int16-pairs")
     with pytest.raises(FormatError, match="unknown accumulation"):
         simulate(torch.nn.Module(), QuantSpec(INT8, INT8), None, "int8")
+
+
+def test_accumulation_cpu_is_this_cpus_for_w8a8_and_exact_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadwise.cli.quant import accumulation
+    from loadwise.config import cpu_kernels
+
+    w8a8, w4a4 = QuantSpec(INT8, INT8), QuantSpec(QuantFormat("int", 4, None),
+                                                  QuantFormat("int", 4, None))
+    monkeypatch.setattr(cpu_kernels, "isa_flags", lambda: ["avx2", "fma"])
+    assert accumulation("cpu", w8a8) == "int16-pairs"
+    assert accumulation("cpu", w4a4) == "int32"
+    monkeypatch.setattr(cpu_kernels, "isa_flags", lambda: ["avx2", "avx512_vnni"])
+    assert accumulation("cpu", w8a8) == "int32"
+    assert accumulation("int16-pairs", w4a4) == "int16-pairs"  # refused later, by name

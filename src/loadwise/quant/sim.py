@@ -45,12 +45,12 @@ class Int8Pairs:
 
 class SimLinear(nn.Module):
     rotate_in: torch.Tensor | None
-    int8_pairs: Int8Pairs | None = None
 
     def __init__(self, linear: nn.Linear, act: QuantFormat | None, out: QuantFormat | None,
                  rotate_in: torch.Tensor | None = None, act_clip: float = 1.0,
-                 out_clip: float = 1.0) -> None:
+                 out_clip: float = 1.0, int8_pairs: Int8Pairs | None = None) -> None:
         super().__init__()
+        self.int8_pairs = int8_pairs
         self.weight = linear.weight
         self.bias = linear.bias
         self.act, self.out = act, out
@@ -88,14 +88,16 @@ def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None,
         for name, lin in linears(layer).items():
             full = names[id(lin)]
             out = spec.kv if name in KV_LINEARS else None
-            sim = SimLinear(lin, spec.activations, out, Prepared.lookup(p.rotate_in, full),
-                            Prepared.lookup(p.act_clip, full) or 1.0,
-                            Prepared.lookup(p.out_clip, full) or 1.0)
+            int8_pairs = None
             if pairs and spec.weights is not None:
                 q, scale = integer_weights(lin.weight.detach(), spec.weights,
                                            Prepared.lookup(p.weight_scales, full))
-                sim.int8_pairs = Int8Pairs(PairSaturation(q), scale.reshape(-1).float())
-            set_linear(layer, name, sim)
+                int8_pairs = Int8Pairs(PairSaturation(q), scale.reshape(-1).float())
+            set_linear(layer, name, SimLinear(lin, spec.activations, out,
+                                              Prepared.lookup(p.rotate_in, full),
+                                              Prepared.lookup(p.act_clip, full) or 1.0,
+                                              Prepared.lookup(p.out_clip, full) or 1.0,
+                                              int8_pairs))
     return model
 
 
