@@ -175,12 +175,12 @@ def test_an_exported_w8a8_checkpoint_serves_with_the_harness_perplexity(
     proc, url, _ = _start_serve(tmp_path, "--model", str(out), "--spec-method", "none",
                                 env_extra=env)
     try:
-        libraries = engine_kernel_libraries(proc.pid)  # serve runs in its own session
+        libraries = engine_kernel_libraries(proc.pid)
         name = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         lps = text_logprobs(url, name, ptb_ids.tolist())
     finally:
         _stop(proc)
-    assert libraries == {cpu_kernels.kernel_library(_flags(env))}
+    assert libraries == {cpu_kernels.kernel_library(_flags(env))}, libraries
     engine_nll = -sum(lps) / len(lps)
     assert len(lps) == TOKENS - 1
     # The engine's int8 kernels and the simulation agree far closer than int8 moves the model.

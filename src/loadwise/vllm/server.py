@@ -37,15 +37,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def engine_kernel_libraries(pgid: int) -> set[str]:
-    """The vLLM kernel libraries (``_C``, ``_C_AVX512``, ``_C_AVX2``) mapped by the engine
-    processes (``VLLM::EngineCore``, ``VLLM::Worker``: where the model runs) of a process
-    group."""
-    libs: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def _descendants(root_pid: int) -> set[int]:
+    """``root_pid`` and every process below it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.getpgid(int(pid)) != pgid or \
-                    not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::"):
+            # The name in (…) may hold spaces: the parent pid is the second field after it.
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def engine_kernel_libraries(root_pid: int) -> set[str]:
+    """The vLLM kernel libraries (``_C``, ``_C_AVX512``, ``_C_AVX2``) mapped by the engine
+    processes (``VLLM::EngineCore``, ``VLLM::Worker``: where the model runs) at or below
+    ``root_pid``."""
+    libs: set[str] = set()
+    for pid in _descendants(root_pid):
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::"):
                 continue
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
