@@ -121,6 +121,12 @@ def test_the_avx2_emulation_keeps_avx2_flags_and_caps_the_engines_libraries() ->
     assert ck.isa_flags({}, real=AMX) == AMX
     assert ck.engine_env(env)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert ck.engine_env({}) == {}
+    # Every Python process of the engine starts with the sitecustomize that hides the ISA,
+    # before the caller's own path; applying it twice adds it once.
+    site, *rest = ck.engine_env({**env, "PYTHONPATH": "/x"})["PYTHONPATH"].split(":")
+    assert (Path(site) / "sitecustomize.py").is_file() and rest == ["/x"]
+    again = {**env, "PYTHONPATH": ck.engine_env({**env, "PYTHONPATH": "/x"})["PYTHONPATH"]}
+    assert ck.engine_env(again)["PYTHONPATH"] == again["PYTHONPATH"]
     with pytest.raises(ck.CpuKernelError, match="LOADWISE_EMULATE_ISA='sse'"):
         ck.isa_flags({envvars.EMULATE_ISA.name: "sse"}, real=AMX)
 

@@ -23,7 +23,9 @@ docs/quantization.md for what it reproduces and what it does not."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from loadwise.config import env as envvars
@@ -78,10 +80,18 @@ def machine(env: envvars.Env | None = None) -> dict[str, Any]:
             "emulated_isa": name}
 
 
+# A sitecustomize that hides the ISA in every Python process of an emulated engine.
+_ISA_SITE = Path(__file__).resolve().parents[1] / "vllm" / "isa_site"
+
+
 def engine_env(env: envvars.Env | None = None) -> dict[str, str]:
     """The variables an engine process needs for the emulated ISA (empty: none asked)."""
     name = emulated_isa(env)
-    return {} if name is None else dict(_EMULATION_ENV[name])
+    if name is None:
+        return {}
+    path = (os.environ if env is None else env).get("PYTHONPATH", "")
+    paths = [p for p in path.split(os.pathsep) if p and p != str(_ISA_SITE)]
+    return {**_EMULATION_ENV[name], "PYTHONPATH": os.pathsep.join([str(_ISA_SITE), *paths])}
 
 
 def kernel_library(flags: Sequence[str]) -> str:
