@@ -61,6 +61,18 @@ def exported(base_dir: Path, out: Path, cfg: ExportConfig, reuse: bool) -> Path:
     return out
 
 
+def reused_harness(args: argparse.Namespace,
+                   configs: dict[str, ExportConfig]) -> dict[str, Any]:
+    """The harness perplexities of an earlier run, refused unless its exports and windows are
+    these."""
+    old = json.loads(Path(args.harness_from).read_text())
+    same = old["config"]["windows"] == args.windows and old["config"]["exports"] == {
+        m: dataclasses.asdict(c) for m, c in configs.items()}
+    if not same:
+        raise SystemExit(f"{args.harness_from}: other exports or windows than this run's")
+    return dict(old["harness_ppl"])
+
+
 def isa_env(isa: str) -> dict[str, str]:
     return {} if isa == "native" else {envvars.EMULATE_ISA.name: isa}
 
@@ -82,6 +94,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=2, help="PTB test windows of 2048 tokens")
     ap.add_argument("--methods", default=",".join(EXPORT_METHODS))
+    ap.add_argument("--isas", help="comma-separated, of native and avx2 (default: every one "
+                                   "this CPU can run)")
+    ap.add_argument("--harness-from", help="a result of this script with the same exports and "
+                                           "windows: its harness perplexities (no float math "
+                                           "depends on the ISA served)")
     ap.add_argument("--reuse-exports", action="store_true",
                     help="keep checkpoints this script exported before with the same settings")
     ap.add_argument("--quick-hessian", action="store_true",
@@ -96,8 +113,9 @@ def main() -> None:
             for m, c in configs.items()}
     print(f"[{time.perf_counter() - t0:5.0f} s] exported {list(dirs)}", flush=True)
     session = Session(base_dir)
-    sim = {m: harness(session, c, args.windows) for m, c in configs.items()}
     wins = cut(session.ids("ptb"), max_windows=args.windows)
+    sim = reused_harness(args, configs) if args.harness_from else \
+        {m: harness(session, c, args.windows) for m, c in configs.items()}
     del session
     print(f"[{time.perf_counter() - t0:5.0f} s] harness "
           f"{ {m: {a: round(p['ppl'], 4) for a, p in h.items()} for m, h in sim.items()} }",
@@ -106,7 +124,8 @@ def main() -> None:
                       max_model_len=4096, kv_cache_space_gib=1, enforce_eager=True,
                       cpu_binding=CpuBinding.parse(ALL))
     rows = []
-    for isa in isas_here():
+    isas = args.isas.split(",") if args.isas else isas_here()
+    for isa in isas:
         env = isa_env(isa)
         flags = cpu_kernels.isa_flags({**os.environ, **env})
         for m, d in dirs.items():
@@ -123,7 +142,7 @@ def main() -> None:
     print(summary)
     write_result("quant-kernel-parity", {
         **made_by, "kernels_machine": cpu_kernels.machine(), "binding": base.cpu_binding.to_json(),
-        "config": {**vars(args), "bound": BOUND, "isas": isas_here(),
+        "config": {**vars(args), "bound": BOUND, "isas_run": isas,
                    "exports": {m: dataclasses.asdict(c) for m, c in configs.items()},
                    "engine": {"enforce_eager": True, "max_num_seqs": base.max_num_seqs}},
         "harness_ppl": sim, "rows": rows, "summary": summary,
