@@ -128,12 +128,11 @@ def check_hessian(method: str, segments: int, calib_segments: int, tokens: int) 
 def accumulation(name: str, spec: Any) -> str:
     """``--accumulation``: ``cpu`` is this CPU's kernels' (a no-op outside W8A8 int8)."""
     from loadwise.config import cpu_kernels
-    from loadwise.quant.formats import QuantFormat
+    from loadwise.quant.sim import is_w8a8_int
 
-    w8 = QuantFormat("int", 8, None)
     if name == "cpu":
-        w8a8 = spec.weights == w8 and spec.activations == w8
-        return cpu_kernels.int8_accumulation(cpu_kernels.isa_flags()) if w8a8 else "int32"
+        return cpu_kernels.int8_accumulation(cpu_kernels.isa_flags()) \
+            if is_w8a8_int(spec) else "int32"
     return name
 
 
@@ -151,11 +150,12 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.text and not Path(args.text).is_file():
         raise UsageError(f"--text {args.text}: no such file")
     check_hessian(args.method, args.hessian_segments, args.calib_segments, args.hessian_tokens)
-    check_accumulation(spec, accumulation(args.accumulation, spec))
+    acc = accumulation(args.accumulation, spec)
+    check_accumulation(spec, acc)
     cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
                      calib_segments=args.calib_segments,
                      hessian=HessianConfig(args.hessian_segments, args.hessian_tokens),
-                     accumulation=accumulation(args.accumulation, spec))
+                     accumulation=acc)
     model_dir = Path(args.model) if args.model else prepare().path
     console.print(f"{args.method} {spec.name} on {cfg.text} …")
     with console.status("loading the model") as status:

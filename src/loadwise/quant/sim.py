@@ -101,6 +101,12 @@ def simulate(model: Any, spec: QuantSpec, prepared: Prepared | None = None,
     return model
 
 
+def is_w8a8_int(spec: QuantSpec) -> bool:
+    """int8 weights per channel and int8 activations per token: what vLLM's W8A8 kernel runs."""
+    w8 = QuantFormat("int", 8, None)
+    return spec.weights == w8 and spec.activations == w8
+
+
 def check_accumulation(spec: QuantSpec, accumulation: str) -> bool:
     """True when ``accumulation`` changes what ``spec`` computes (int8 pairs on W8A8)."""
     if accumulation not in ACCUMULATIONS:
@@ -108,8 +114,7 @@ def check_accumulation(spec: QuantSpec, accumulation: str) -> bool:
                           f"{', '.join(ACCUMULATIONS)}")
     if accumulation == "int32":
         return False
-    w8 = QuantFormat("int", 8, None)
-    if spec.weights != w8 or spec.activations != w8:
+    if not is_w8a8_int(spec):
         raise FormatError(f"{accumulation} accumulation is how a CPU sums W8A8 int8 products "
                           f"(int8 per channel and per token), not {spec.name}")
     return True

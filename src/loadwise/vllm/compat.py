@@ -56,11 +56,14 @@ _TORCH_CPU_ISA_CHECKS = ("_is_avx512_supported", "_is_avx512_bf16_supported",
 def hide_isa_above_avx2() -> bool:
     """Make vLLM, in this process, load its AVX2 kernels and skip its AVX-512 and AMX paths, as
     on an AVX2 CPU. Must run before vLLM imports its kernels (``vllm._custom_ops``): False when
-    they are loaded already, and then nothing is changed."""
+    they were loaded already with the CPU's own ISA, and then nothing is changed (True when the
+    ISA was hidden before they loaded, as the engine's sitecustomize does)."""
     import sys
 
     import torch
 
+    if not torch.cpu._is_avx512_supported():
+        return True  # hidden already (or an AVX2 CPU): vLLM loaded or will load _C_AVX2
     if "vllm._custom_ops" in sys.modules:
         return False
     for name in _TORCH_CPU_ISA_CHECKS:
