@@ -41,13 +41,13 @@ def run_fresh(repo: Path, work: Path, warm_pip: bool, extra: list[str],
               timeout_s: float) -> dict[str, Any]:
     clone = work / "loadwise"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(clone)], check=True)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"),
-           "LOADWISE_HOME": str(work / "loadwise-home"), "XDG_CACHE_HOME": str(work / "cache"),
-           "LANG": "C.UTF-8"}
-    if warm_pip:
-        env["PIP_CACHE_DIR"] = str(Path.home() / ".cache" / "pip")
-    else:
-        env["PIP_CACHE_DIR"] = str(work / "pip-cache")
+    # The user's own environment (pip's configuration and indexes included), with empty caches:
+    # pip's, loadwise's model directory and the XDG cache (vLLM's and torch's compile caches).
+    env = {**os.environ, "LOADWISE_HOME": str(work / "loadwise-home"),
+           "XDG_CACHE_HOME": str(work / "cache")}
+    env.pop("VIRTUAL_ENV", None)
+    env["PIP_CACHE_DIR"] = (str(Path.home() / ".cache" / "pip") if warm_pip
+                            else str(work / "pip-cache"))
     t0 = time.monotonic()
     proc = subprocess.run(["bash", "scripts/demo.sh", *extra], cwd=clone, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
