@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import write_result  # noqa: E402
+from results_io import write_result
 
-from loadwise.provenance import provenance  # noqa: E402
+from loadwise.provenance import provenance
 
 PHASES = re.compile(r"main job: setup (\d+) s, model and head (\d+) s, tune (\d+) s;\s+total (\d+) s")
-TABLE = re.compile(r"^table for (\S+): (.+)$", re.M)
+TABLE = re.compile(r"^table for (\S+): (.+)$", re.MULTILINE)
 
 
 def parse_console(text: str) -> dict[str, Any]:

@@ -18,7 +18,8 @@ is cut at 512). ``max_num_seqs`` is small so that a queue forms.
 
 Per request: end-to-end latency, time to first token, time per output token, output token ids.
 Per cell (round, rate, policy): mean / p50 / p99 latency, TTFT, TPOT, throughput, the longest
-TTFT (the longest wait), p99 latency of the 10 % of requests with the longest outputs, the
+TTFT (the longest wait), p99 latency of the 10 % of requests with the longest outputs (ties at the
+token cap drawn at random; and the same over the decile with all its ties), the
 engine's preemptions and the ordering's share of step time (its state file), and how many
 requests' token ids equal fcfs's.
 
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 from results_io import write_result
+from sched_figures import longest_decile, percentile, tied_at_cut
 from serve_cli import start_serve, stop_serve
 
 from loadwise.measure.workloads import builtin
@@ -115,35 +117,26 @@ def poisson_offsets(n: int, rate_per_s: float, seed: int) -> list[float]:
 
 
 # --- summaries (pure; tested in benchmarks/tests) -------------------------------------------
-def percentile(xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100)."""
-    s = sorted(xs)
-    if not s:
-        raise ValueError("no samples")
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def cell_summary(reqs: list[dict[str, Any]], lengths: list[int]) -> dict[str, float]:
+def cell_summary(reqs: list[dict[str, Any]], lengths: list[int],
+                 seed: int = 0) -> dict[str, float]:
     """One cell's figures; ``lengths`` are the requests' true output lengths (the oracle's),
-    which pick the longest 10 %."""
+    which pick the longest 10 % (ties drawn with ``seed``) and the decile with its ties."""
     lat = [r["latency_s"] for r in reqs]
     ttft = [r["ttft_s"] for r in reqs]
     tpot = [(r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1)
             for r in reqs if r["output_tokens"] > 1]
     start = min(r["sent_s"] for r in reqs)
     end = max(r["sent_s"] + r["latency_s"] for r in reqs)
-    k = max(1, round(len(reqs) / 10))
-    longest = sorted(range(len(reqs)), key=lambda i: -lengths[i])[:k]
+    longest = longest_decile(lengths, random.Random(seed))
     return {"mean_latency_s": statistics.fmean(lat), "p50_latency_s": percentile(lat, 50),
             "p99_latency_s": percentile(lat, 99), "mean_ttft_s": statistics.fmean(ttft),
             "p50_ttft_s": percentile(ttft, 50), "p99_ttft_s": percentile(ttft, 99),
             "longest_wait_s": max(ttft),
             "mean_tpot_s": statistics.fmean(tpot) if tpot else float("nan"),
             "throughput_tok_s": sum(r["output_tokens"] for r in reqs) / (end - start),
-            "p99_latency_longest10_s": percentile([lat[i] for i in longest], 99)}
+            "p99_latency_longest10_s": percentile([lat[i] for i in longest], 99),
+            "p99_latency_longest_tied_s": percentile([lat[i] for i in tied_at_cut(lengths)],
+                                                     99)}
 
 
 def ratios(cells: list[dict[str, Any]], rates: list[float]) -> dict[str, dict[str, Any]]:
@@ -269,7 +262,7 @@ def main() -> None:
                     offsets = poisson_offsets(n, rate * capacity, seed=1000 * rnd + ri)
                     reqs = asyncio.run(run_cell(url, model, by_rate[rate], offsets))
                     true = [lengths[q] for q in by_rate[rate]]
-                    summary = cell_summary(reqs, true)
+                    summary = cell_summary(reqs, true, seed=1000 * rnd + ri)
                     time.sleep(1.5)  # the ordering's state file is written every few steps
                     st = json.loads(state.read_text()) if state.is_file() else None
                     cells.append({"round": rnd, "policy": policy, "rate_frac": rate,

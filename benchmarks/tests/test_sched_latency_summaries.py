@@ -3,15 +3,19 @@ over rounds of per-round ratios), the predictor's share of the oracle's gain, ou
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from sched_latency import (
     cell_summary,
     identical_outputs,
+    longest_decile,
     oracle_share,
     percentile,
     poisson_offsets,
     ratios,
     saturated_rate,
+    tied_at_cut,
 )
 
 
@@ -39,6 +43,23 @@ def test_cell_summary_picks_the_longest_tenth_by_true_length() -> None:
     assert s["mean_tpot_s"] == pytest.approx(sum((0.9 + i) / 9 for i in range(20)) / 20)
     # 200 tokens between the first send (0) and the last finish (19 + 20 = 39).
     assert s["throughput_tok_s"] == pytest.approx(200 / 39)
+
+
+def test_ties_at_the_cap_are_drawn_at_random_not_by_send_order() -> None:
+    """58 % of the model's answers reach the 512-token cap: the longest decile is a draw among
+    them. Picking by position took the first sent (the least delayed) every time."""
+    reqs = [req(float(i), 0.1, 1.0 + i, 512) for i in range(40)]
+    capped = [512] * 30 + [100] * 10
+    firsts = {tuple(sorted(longest_decile(capped, random.Random(seed)))) for seed in range(20)}
+    assert len(firsts) > 10 and all(i < 30 for f in firsts for i in f)
+    assert all(len(f) == 4 for f in firsts)
+    assert tied_at_cut(capped) == list(range(30))
+    s = cell_summary(reqs, capped, seed=3)
+    assert s["p99_latency_longest_tied_s"] == pytest.approx(percentile(
+        [1.0 + i for i in range(30)], 99))
+    chosen = longest_decile(capped, random.Random(3))
+    assert s["p99_latency_longest10_s"] == pytest.approx(percentile(
+        [1.0 + i for i in chosen], 99))
 
 
 def cell(rnd: int, policy: str, rate: float, mean: float, long_p99: float,

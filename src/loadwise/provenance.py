@@ -14,18 +14,35 @@ from typing import Any
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
+    """HEAD's sha, with ``-dirty`` where the code that runs is not that commit (``dirty``)."""
+    where = cwd or Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=cwd or Path(__file__).resolve().parent, timeout=5,
-                             check=False)
+                             cwd=where, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, cwd=cwd or Path(__file__).resolve().parent,
-                           check=False)
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, cwd=where, check=False)
+    return out.stdout.strip() + ("-dirty" if dirty(status.stdout) else "")
+
+
+# Untracked files that are code: a new module or benchmark script runs without being in any
+# commit. Results under benchmarks/results/ are what runs write, not what they run.
+CODE_DIRS = ("src/", "benchmarks/", "scripts/")
+
+
+def dirty(porcelain: str) -> bool:
+    """Whether ``git status --porcelain --untracked-files=all`` shows the tree differs from
+    HEAD in what runs: any tracked file changed, or an untracked file under CODE_DIRS."""
+    for line in porcelain.splitlines():
+        code, path = line[:2], line[3:]
+        if code != "??":
+            return True
+        if path.startswith(CODE_DIRS) and not path.startswith("benchmarks/results/"):
+            return True
+    return False
 
 
 # The instruction-set extensions loadwise's numbers depend on (vLLM's CPU kernels, oneDNN's

@@ -124,15 +124,17 @@ def test_a_server_runs_with_the_preloads_the_rule_chose(model_dir: str) -> None:
     if not runtime.available():
         pytest.skip("libiomp5 is not installed in this environment")
     won = ServingSettings(CpuBinding(None), runtime)
+    candidates = {c.name: c for c in (ServingSettings(CpuBinding(None), RuntimeSettings()), won)}
     decision = choose_settings({1: {"auto": [10.0, 11.0], won.name: [12.0, 12.5]}}, "auto")
-    assert decision.deploy == won.name
+    deployed = candidates[decision.deploy]  # the server runs at what the rule chose
     spec = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4, max_model_len=512,
-                      kv_cache_space_gib=1, enforce_eager=True, runtime=runtime)
+                      kv_cache_space_gib=1, enforce_eager=True, runtime=deployed.runtime,
+                      cpu_binding=deployed.binding)
     with ServerProcess(spec, echo=False) as server:
         libs = runtime_libraries(server.pgid)
         log = server.log_tail(400)
     assert any(lib.startswith("libiomp5") for lib in libs), libs
     # An eager worker ran its warm-up forward before the engine reported ready.
     assert "eager model warmed up" in log, log[-2000:]
-    if runtime.allocator == "tcmalloc":
+    if deployed.runtime.allocator == "tcmalloc":
         assert any(lib.startswith("libtcmalloc") for lib in libs), libs

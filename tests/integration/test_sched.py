@@ -136,5 +136,8 @@ def test_a_trained_predictor_is_served_and_refined_in_the_worker(tmp_path: Path)
     st = json.loads(state.read_text())
     assert st["status"] == "ordering", st
     assert st["arrivals"] >= 6 and st["refined"] >= 6, st
-    assert st["overhead_share"] is not None and 0 <= st["overhead_share"] < 1
+    # The worker timed its refinement and the scheduler received it (0 if the timing never
+    # crossed the process boundary); the ordering timed its own work too.
+    assert st["refine_s"] > 0 and st["ordering_s"] > 0, st
+    assert st["engine_step_s"] > st["refine_s"] + st["ordering_s"], st
     assert "length refinement on" in log

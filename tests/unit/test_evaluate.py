@@ -220,6 +220,21 @@ def test_verdict_met_missed_or_unresolved_by_where_the_interval_lies() -> None:
     assert load_verdict([0.5], 0.03, 0.9)["status"] == "unresolved"
 
 
+def test_a_load_the_table_lost_every_round_is_reported_lost_not_only_unresolved() -> None:
+    """The main job's one-client load of 12-06: the table's k = 2 behind the docs' k = 3 in 4
+    of 4 rounds, an interval straddling the 3 % target."""
+    from loadwise.evaluate.render import _lost_line, _verdict
+
+    v = load_verdict([0.0364, 0.1113, 0.0544, 0.0188], 0.03, 0.9)
+    assert v["status"] == "unresolved"
+    assert v["lost_rounds"] == 4 and v["lost_every_round"]
+    assert "lost in 4 of 4 rounds" in _verdict(v)
+    results = {"workloads": {"sharegpt": {"loads": [{"load": 1, "verdict": v}]}}}
+    assert _lost_line(results) == "; the table lost every round to its rival at sharegpt at 1"
+    won = load_verdict([0.01, -0.02, 0.0, 0.025, -0.01, 0.005], 0.03, 0.9)
+    assert won["lost_rounds"] == 3 and not won["lost_every_round"]
+
+
 def _results(loads: list[dict]) -> dict:
     return {"workloads": {"w": {"loads": loads}}}
 

@@ -72,19 +72,22 @@ def test_an_agent_session_with_tool_messages_is_an_agent_from_its_first_request(
         _signals_of_agent(seed, tool_header=True))
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000))
-def test_without_tool_markers_an_agent_is_one_from_its_first_large_step_on(seed: int) -> None:
-    """The first request that adds >= agent_growth_tokens, or reaches long_prompt_tokens,
-    makes the session an agent for good; a session with neither (short steps, ending below
-    the length) is a chat throughout: without tool markers the classifier can miss it."""
-    signals = _signals_of_agent(seed, tool_header=False)
-    cfg = ClassifierConfig()
-    first = next((i for i, r in enumerate(signals)
-                  if r.prompt_tokens >= cfg.long_prompt_tokens
-                  or (i and r.prompt_tokens - signals[i - 1].prompt_tokens
-                      >= cfg.agent_growth_tokens)), len(signals))
-    classes = _run(signals)
+@settings(max_examples=60, deadline=None)
+@given(st.integers(100, 2000), st.lists(st.integers(1, 150), max_size=6),
+       st.sampled_from(["growth", "length"]), st.lists(st.integers(0, 5000), max_size=4))
+def test_without_tool_markers_an_agent_is_one_from_its_first_large_step_on(
+        start: int, small: list[int], trigger: str, after: list[int]) -> None:
+    """Steps that add fewer than 768 tokens to a session under 3,072 leave it a chat; the first
+    step that adds 768 or more, or reaches 3,072, makes it an agent for good (whatever
+    follows). Built so the deciding step's index is known, not recomputed by the rule."""
+    prompts = [start]
+    for g in small:
+        prompts.append(prompts[-1] + g)  # at most 2000 + 6 * 150 < 3072, each step < 768
+    prompts.append(prompts[-1] + 768 if trigger == "growth" else 3072)
+    first = len(prompts) - 1
+    for g in after:
+        prompts.append(prompts[-1] + g)
+    classes = _run([RequestSignals(n) for n in prompts])
     assert classes[:first] == [SessionClass.CHAT] * first
     assert classes[first:] == [SessionClass.AGENT] * (len(classes) - first)
 
@@ -145,28 +148,27 @@ def test_count_marker_counts_runs_of_whole_ids(ids: list[int], marker: list[int]
 
 # --- placement --------------------------------------------------------------------------------
 
-info = st.builds(BlockInfo, st.integers(0, 1 << 40), st.integers(0, 100), st.integers(0, 60),
-                 st.integers(1, 60), seen_refs=st.integers(0, 3),
-                 session_turn=st.integers(0, 5),
-                 session_class=st.sampled_from([None, SessionClass.AGENT, SessionClass.CHAT]))
+def _block(index: int, cls: SessionClass | None, seen_refs: int = 0,
+           prompt_blocks: int = 40) -> BlockInfo:
+    return BlockInfo(key=1000 + index, session=7, block_index=index, prompt_blocks=prompt_blocks,
+                     seen_refs=seen_refs, session_class=cls)
 
 
-@given(info)
-def test_flat_homes_a_classified_sessions_own_blocks_by_class_and_shared_ones_in_memory(
-        b: BlockInfo) -> None:
-    flat = FlatPolicy()
-    home = flat.home(b)
-    shared = b.block_index < flat.shared_prefix_blocks or b.seen_refs >= 2
-    if shared:
-        assert home is Medium.MEMORY
-    elif b.session_class is SessionClass.AGENT:
-        assert home is Medium.SSD
-    elif b.session_class is SessionClass.CHAT:
-        assert home is Medium.MEMORY
-    # tiered decides nothing by class: memory first, whatever the session
-    assert TieredPolicy().home(b) is Medium.MEMORY
+def test_flat_homes_an_agents_own_blocks_on_disk_and_a_chats_and_shared_ones_in_memory() -> None:
+    """docs/kv.md's placement, block by block: the system prompt's block (the first) and a
+    block two earlier requests used stay in memory for any class; an agent session's own blocks
+    go to the SSD, a chat's to memory; unclassified, a long prompt's to the SSD and a short
+    one's to memory. tiered puts every new block in memory."""
+    flat, tiered = FlatPolicy(), TieredPolicy()
+    agent, chat = SessionClass.AGENT, SessionClass.CHAT
+    cases = [(_block(0, agent), Medium.MEMORY), (_block(5, agent, seen_refs=2), Medium.MEMORY),
+             (_block(5, agent), Medium.SSD), (_block(1, agent, seen_refs=1), Medium.SSD),
+             (_block(5, chat), Medium.MEMORY), (_block(0, chat), Medium.MEMORY),
+             (_block(5, None), Medium.SSD), (_block(5, None, prompt_blocks=6), Medium.MEMORY)]
+    assert [flat.home(b) for b, _ in cases] == [want for _, want in cases]
+    assert {tiered.home(b) for b, _ in cases} == {Medium.MEMORY}
     assert not flat.offload_on_evict() and not flat.promote_on_hit()
-    assert TieredPolicy().offload_on_evict() and TieredPolicy().promote_on_hit()
+    assert tiered.offload_on_evict() and tiered.promote_on_hit()
 
 
 BS = 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loadwise.provenance import cpu_info, describe_machine, dirty_warning, provenance
@@ -50,3 +52,34 @@ def test_a_dirty_tree_is_said_and_a_clean_one_is_not() -> None:
     assert dirty_warning({"git_sha": None}) is None
     warning = dirty_warning({"git_sha": "abc123-dirty"})
     assert warning is not None and "dirty tree (abc123-dirty)" in warning
+
+
+def _repo(tmp_path: Path) -> Path:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x")
+    return tmp_path
+
+
+def test_an_untracked_module_under_src_or_benchmarks_makes_the_sha_dirty(tmp_path: Path) -> None:
+    """A new module or benchmark script runs without being in any commit: the sha says so.
+    Results written under benchmarks/results/ and files elsewhere do not."""
+    from loadwise.provenance import git_sha
+
+    repo = _repo(tmp_path)
+    clean = git_sha(repo)
+    assert clean is not None and not clean.endswith("-dirty")
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "benchmarks" / "results" / "run-1.json").write_text("{}")
+    (repo / "notes.txt").write_text("x")
+    assert git_sha(repo) == clean
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "src" / "pkg" / "new.py").write_text("x = 1\n")
+    assert git_sha(repo) == clean + "-dirty"
+    (repo / "src" / "pkg" / "new.py").unlink()
+    (repo / "benchmarks" / "new_bench.py").write_text("x = 1\n")
+    assert git_sha(repo) == clean + "-dirty"

@@ -87,12 +87,8 @@ def test_no_choice_raises_the_objective_and_each_kind_of_choice_lowers_it(
     _, _, result = run
     sites = [s for layer in result.choices for s in layer.sites.values()]
     lins = [c for layer in result.choices for c in layer.linears.values()]
-    for s in sites:  # on the inputs each choice was made on, never above where it started
-        assert s.transform_error <= s.start_error
-        assert s.error <= s.range_start_error
-    for c in lins:
-        assert c.error <= c.start_error
-    # ...and each of the three kinds of choice paid somewhere on this model.
+    # Each of the three kinds of choice paid somewhere on this model (on the inputs it was made
+    # on; that no choice raises the objective holds by construction and is not tested here).
     assert any(s.transform != "none" and s.transform_error < s.start_error for s in sites)
     assert any(s.act_clip < 1.0 for s in sites) or any(c.w_clip < 1.0 for c in lins)
     assert any(c.rounding == "gptq" for c in lins)
@@ -114,6 +110,25 @@ def test_the_quantized_model_lands_on_the_grid_and_beats_round_to_nearest_on_the
     ours = summed_kl(simulate(copy.deepcopy(quantized), SPEC, result.prepared), ids, ref)
     rtn = summed_kl(methods.apply(copy.deepcopy(model), MethodConfig("rtn"), SPEC), ids, ref)
     assert ours < rtn
+
+
+def test_the_choices_lower_the_final_kl_on_text_they_were_not_made_on(
+        run: tuple[Any, Any, hessian.Result]) -> None:
+    """End to end, on held-out ids: the method with its ranges, smoothing and rotation offered
+    beats the same method offered none of them (full ranges, no SmoothQuant alphas, no
+    rotation): the local choices add up in the model's output."""
+    model, quantized, result = run
+    samples = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(2))
+    bare_cfg = HessianConfig(2, 64, w_clips=(1.0,), a_clips=(1.0,), kv_clips=(1.0,), alphas=(),
+                             rotate=False)
+    bare = copy.deepcopy(model)
+    bare_result = hessian.quantize_model(bare, SPEC, samples, bare_cfg)
+    ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ref = torch.log_softmax(model(ids, use_cache=False).logits[0].double(), -1)
+    full_kl = summed_kl(simulate(copy.deepcopy(quantized), SPEC, result.prepared), ids, ref)
+    bare_kl = summed_kl(simulate(bare, SPEC, bare_result.prepared), ids, ref)
+    assert full_kl < bare_kl, (full_kl, bare_kl)
 
 
 class _Interrupt(Exception):

@@ -36,9 +36,18 @@ def _confirmation(cf: dict[str, Any] | None) -> str:
 
 
 def _verdict(v: dict[str, Any]) -> str:
+    lost = (f", lost in {v['lost_rounds']} of {v['n']} rounds"
+            if v.get("lost_rounds") and v["status"] != "missed" else "")
     return str(v["status"]) + (f" ({v['loss_median']:.1%}, {v['coverage']:.0%} interval "
-                          f"{v['interval'][0]:.1%}..{v['interval'][1]:.1%})"
+                          f"{v['interval'][0]:.1%}..{v['interval'][1]:.1%}{lost})"
                           if "interval" in v else "")
+
+
+def _lost_line(results: dict[str, Any]) -> str:
+    lost = [f"{name} at {e['load']}" for name, res in results["workloads"].items()
+            for e in res["loads"] if e["verdict"].get("lost_every_round")
+            and e["verdict"]["status"] != "missed"]
+    return f"; the table lost every round to its rival at {', '.join(lost)}" if lost else ""
 
 
 def print_results(results: dict[str, Any], console: Console) -> None:
@@ -63,7 +72,8 @@ def print_results(results: dict[str, Any], console: Console) -> None:
     vd = results["verdict"]
     console.print(f"target (measured table ≤{vd['target_loss']:.0%} slower than the best fixed k): "
                   f"met at {vd['met']}, missed at {vd['missed']}, unresolved (inside the noise) "
-                  f"at {vd['unresolved']} of {vd['met'] + vd['missed'] + vd['unresolved']} loads")
+                  f"at {vd['unresolved']} of {vd['met'] + vd['missed'] + vd['unresolved']} loads"
+                  + _lost_line(results))
     for key, summary in results["prediction"].items():
         console.print(f"prediction error, {PREDICTION_LABELS.get(key, key)}: median |error| "
                       f"{summary['median_abs_rel_error']:.1%} ("

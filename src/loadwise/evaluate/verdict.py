@@ -64,7 +64,11 @@ def load_verdict(losses: Sequence[float], target_loss: float,
     status = ("unresolved" if iv.coverage < MIN_VERDICT_COVERAGE else
               "met" if iv.high <= target_loss else
               "missed" if iv.low > target_loss else "unresolved")
+    # Rounds the table lost (was slower than its rival): an unresolved load the table lost in
+    # every round is reported as lost, whatever the interval says about the 3 % target.
+    lost = sum(x > 0 for x in losses)
     return {"status": status, "target_loss": target_loss, "n": len(losses),
+            "lost_rounds": lost, "lost_every_round": lost == len(losses),
             "loss_median": max(0.0, summarize(losses).median),
             "interval": [max(0.0, iv.low), max(0.0, iv.high)], "coverage": iv.coverage}
 
