@@ -147,21 +147,23 @@ def kv_agent_read_back(result: Result, config: str = "flat") -> Figure:
                                + ", ".join(f"{v:.1%}" for v in vals))
 
 
+def _agents_at_top(result: Result, config: str, other: str, key: str) -> tuple[int, float,
+                                                                            float]:
+    """The highest level both configurations ran: their agent steps' ``key``."""
+    mine, theirs = _agent_runs(result, config), _agent_runs(result, other)
+    top = max(set(mine) & set(theirs))
+    return top, mine[top]["summary"]["agent"][key], theirs[top]["summary"]["agent"][key]
+
+
 @figure
 def kv_agent_flat_lead_at_top(result: Result) -> Figure:
-    flat, tiered = _agent_runs(result, "flat"), _agent_runs(result, "tiered")
-    top = max(set(flat) & set(tiered))
-    f = flat[top]["summary"]["agent"]["read_back_of_reusable"]
-    t = tiered[top]["summary"]["agent"]["read_back_of_reusable"]
+    top, f, t = _agents_at_top(result, "flat", "tiered", "read_back_of_reusable")
     return Figure((f - t,), f"at {top} agents: flat {f:.1%}, tiered {t:.1%}")
 
 
 @figure
 def kv_agent_ttft_over_alone_at_top(result: Result) -> Figure:
-    flat, alone = _agent_runs(result, "flat"), _agent_runs(result, "none")
-    top = max(set(flat) & set(alone))
-    f = flat[top]["summary"]["agent"]["ttft_p50_s"]
-    a = alone[top]["summary"]["agent"]["ttft_p50_s"]
+    top, f, a = _agents_at_top(result, "flat", "none", "ttft_p50_s")
     return Figure((f / a,), f"agent TTFT p50 at {top} agents: flat {f:.2f} s, vLLM alone {a:.2f} s")
 
 
