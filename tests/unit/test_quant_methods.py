@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from loadwise.errors import LoadwiseError
 from loadwise.quant import formats, llama, methods, rotation, smoothing, weights
 from loadwise.quant.formats import QuantFormat
 from loadwise.quant.methods import MethodConfig, MethodError
@@ -118,6 +119,39 @@ def test_methods_refuse_what_they_cannot_do(tiny: torch.nn.Module) -> None:
     with pytest.raises(MethodError, match="w-bits"):
         methods.apply(copy.deepcopy(tiny), MethodConfig("dualquant"),
                       QuantSpec.build("int", 16, 4, 16, None))
+
+
+@pytest.mark.parametrize("name", ["fp32", "rtn", "smoothquant", "gptq", "rotation", "dualquant",
+                                  "hessian"])
+def test_what_the_registry_says_of_a_method_is_what_it_does(tiny: torch.nn.Module,
+                                                            name: str) -> None:
+    """Each method registered runs, or refuses, as its entry says: without calibration text
+    only where it does not calibrate; without a weight format only where it does not solve for
+    one; the reference leaves the weights alone; a method that rounds the weights itself
+    returns their scales."""
+    from loadwise.quant.calibration import Calibration
+    from loadwise.quant.catalog import METHODS, method
+    from loadwise.quant.hessian import HessianConfig
+
+    assert name in METHODS
+    m = method(name)
+    cfg = MethodConfig(name, hessian=HessianConfig(2, 32, fisher_draws=1))
+    w4 = QuantSpec.build("int", 4, 16, 16, None)
+    if m.calibrates:
+        with pytest.raises(MethodError, match="calibration"):
+            methods.prepare(copy.deepcopy(tiny), cfg, w4)
+    if m.solves_weights:
+        with pytest.raises(MethodError, match="w-bits"):
+            methods.prepare(copy.deepcopy(tiny), cfg, QuantSpec.build("int", 16, 4, 16, None),
+                            Calibration(lambda: CALIB))
+    model = copy.deepcopy(tiny)
+    prepared = methods.prepare(model, cfg, w4, Calibration(lambda: CALIB))
+    changed = any(not torch.equal(a.weight, b.weight) for (_, a), (_, b) in
+                  zip(llama.all_linears(model), llama.all_linears(tiny), strict=True))
+    assert changed == m.quantizes
+    assert bool(prepared.weight_scales) == m.rounds_weights
+    with pytest.raises(LoadwiseError, match="unknown method 'awq'"):
+        method("awq")
 
 
 def test_kv_quantization_changes_only_k_and_v_outputs(tiny: torch.nn.Module) -> None:

@@ -115,8 +115,10 @@ def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], Non
     return update
 
 
-def check_hessian(method: str, segments: int, calib_segments: int, tokens: int) -> None:
-    if method != "hessian":
+def check_hessian(name: str, segments: int, calib_segments: int, tokens: int) -> None:
+    from loadwise.quant.catalog import method
+
+    if not method(name).joint:
         return
     if not 1 <= segments <= calib_segments:
         raise UsageError(f"--hessian-segments must be 1 to the calibration segments "

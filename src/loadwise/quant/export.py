@@ -26,11 +26,11 @@ from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import (
     CALIB_SEGMENTS,
     CALIB_TOKENS,
-    CALIBRATED,
     EXPORT_METHODS,
     HESSIAN_SEGMENTS,
     HESSIAN_TOKENS,
     SCHEMES,
+    method,
 )
 from loadwise.quant.formats import QuantFormat, integer_weights
 from loadwise.quant.hessian import HessianConfig
@@ -126,9 +126,10 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig,
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     fmt = cfg.weight_format
-    calibration = ptb_calibration(model_dir) if cfg.method in CALIBRATED else None
+    m = method(cfg.method)
+    calibration = ptb_calibration(model_dir) if m.calibrates else None
     scales: dict[str, torch.Tensor] = {}
-    if cfg.method in ("gptq", "hessian"):  # the weights rounded here, their scales kept
+    if m.rounds_weights:  # the weights rounded here, their scales kept
         spec = QuantSpec(fmt, cfg.activation_format)
         prepared = methods.prepare(model, MethodConfig(cfg.method, hessian=cfg.hessian), spec,
                                    calibration, progress, cfg.hessian.run_dir(
@@ -169,6 +170,6 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig,
                 shutil.copy2(model_dir / f, tmp / f)
         (tmp / "loadwise-export.json").write_text(json.dumps(
             {"scheme": cfg.scheme, "method": cfg.method, "group_size": cfg.group_size,
-             "smooth_alpha": cfg.smooth_alpha if cfg.method == "smoothquant" else None,
+             "smooth_alpha": cfg.smooth_alpha if m.smooths else None,
              "source": str(model_dir)}, indent=1))
     return out

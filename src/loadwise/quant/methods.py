@@ -13,7 +13,7 @@ import torch
 from loadwise.errors import LoadwiseError
 from loadwise.quant import hessian, rotation, smoothing, weights
 from loadwise.quant.calibration import Calibration
-from loadwise.quant.catalog import CALIBRATED, METHODS
+from loadwise.quant.catalog import UnknownMethodError, method
 from loadwise.quant.formats import QuantFormat
 from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.sim import Prepared, simulate
@@ -32,8 +32,10 @@ class MethodConfig:
     hessian: HessianConfig = field(default_factory=HessianConfig)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise MethodError(f"unknown method {self.method!r}: one of {', '.join(METHODS)}")
+        try:
+            method(self.method)
+        except UnknownMethodError as e:
+            raise MethodError(str(e)) from None
         if not 0.0 <= self.smooth_alpha <= 1.0:
             raise MethodError(f"SmoothQuant's alpha is in [0, 1], got {self.smooth_alpha}")
 
@@ -52,22 +54,43 @@ def transform(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
     online input rotations ``simulate`` needs. ``calibration``: the calibrated methods' samples
     (and activation statistics, taken on ``model`` as given: the float32 model). Also what
     ``quant export`` folds into a checkpoint before rounding."""
-    if cfg.method in CALIBRATED and calibration is None:
+    m = method(cfg.method)
+    if m.calibrates and calibration is None:
         raise MethodError(f"{cfg.method} needs calibration text")
-    if cfg.method in ("dualquant", "gptq", "hessian") and w_fmt is None:
+    if m.solves_weights and w_fmt is None:
         raise MethodError(f"{cfg.method} solves for the weights' format: give --w-bits < 16")
-    if cfg.method == "smoothquant":
-        assert calibration is not None
-        smoothing.smoothquant(model, calibration.absmax(model), cfg.smooth_alpha)
-    elif cfg.method == "dualquant":
-        assert w_fmt is not None
-        smoothing.dualquant(model, w_fmt, _step(progress, "dualquant scales"))
-    elif cfg.method == "rotation":
-        return rotation.rotate(model, cfg.seed)
-    elif cfg.method == "hessian":
-        raise MethodError("the hessian method chooses its transform with the ranges and the "
+    if m.joint:
+        raise MethodError(f"{cfg.method} chooses its transform with the ranges and the "
                           "rounding: use prepare")
+    step = TRANSFORMS.get(cfg.method)
+    return step(model, cfg, w_fmt, calibration, progress) if step else {}
+
+
+def _smoothquant(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+                 calibration: Calibration | None,
+                 progress: Progress | None) -> dict[str, torch.Tensor]:
+    assert calibration is not None
+    smoothing.smoothquant(model, calibration.absmax(model), cfg.smooth_alpha)
     return {}
+
+
+def _dualquant(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+               calibration: Calibration | None,
+               progress: Progress | None) -> dict[str, torch.Tensor]:
+    assert w_fmt is not None
+    smoothing.dualquant(model, w_fmt, _step(progress, "dualquant scales"))
+    return {}
+
+
+def _rotation(model: Any, cfg: MethodConfig, w_fmt: QuantFormat | None,
+              calibration: Calibration | None,
+              progress: Progress | None) -> dict[str, torch.Tensor]:
+    return rotation.rotate(model, cfg.seed)
+
+
+# The function-preserving transforms, by method (the others have none).
+TRANSFORMS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
+    "smoothquant": _smoothquant, "dualquant": _dualquant, "rotation": _rotation}
 
 
 def prepare(model: Any, cfg: MethodConfig, spec: QuantSpec,
@@ -76,19 +99,20 @@ def prepare(model: Any, cfg: MethodConfig, spec: QuantSpec,
     """The method's transform and quantized weights, in place (activations untouched); returns
     what ``simulate`` needs besides the weights. ``workdir``: where the hessian method saves
     each finished layer (and resumes from)."""
-    if cfg.method == "fp32":
+    m = method(cfg.method)
+    if not m.quantizes:
         return Prepared()  # the reference: nothing quantized
-    if cfg.method == "hessian":
+    if m.joint:
         if calibration is None:
-            raise MethodError("hessian needs calibration text")
+            raise MethodError(f"{cfg.method} needs calibration text")
         if spec.weights is None:
-            raise MethodError("hessian solves for the weights' format: give --w-bits < 16")
+            raise MethodError(f"{cfg.method} solves for the weights' format: give --w-bits < 16")
         return hessian.quantize_model(model, spec, calibration.samples(), cfg.hessian, workdir,
                                       progress).prepared
     rotate_in = transform(model, cfg, spec.weights, calibration, progress)
     scales: dict[str, torch.Tensor] = {}
     if spec.weights is not None:
-        if cfg.method == "gptq":
+        if m.rounds_weights:
             assert calibration is not None
             scales = weights.gptq(model, spec.weights, calibration.samples(),
                                   _step(progress, "gptq layers"))
@@ -101,6 +125,6 @@ def apply(model: Any, cfg: MethodConfig, spec: QuantSpec,
           calibration: Calibration | None = None,
           progress: Progress | None = None) -> Any:
     """``model`` quantized by ``cfg.method`` as ``spec`` says (in place; returned)."""
-    if cfg.method == "fp32":
+    if not method(cfg.method).quantizes:
         return model
     return simulate(model, spec, prepare(model, cfg, spec, calibration, progress))

@@ -18,7 +18,13 @@ import torch
 
 from loadwise.quant import data, llama, methods, ppl
 from loadwise.quant.calibration import Calibration
-from loadwise.quant.catalog import ALPHA_WINDOWS, CALIB_SEGMENTS, CALIB_TOKENS, SMOOTH_ALPHAS
+from loadwise.quant.catalog import (
+    ALPHA_WINDOWS,
+    CALIB_SEGMENTS,
+    CALIB_TOKENS,
+    SMOOTH_ALPHAS,
+    method,
+)
 from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.methods import MethodConfig, Progress
 from loadwise.quant.ppl import Perplexity
@@ -121,11 +127,12 @@ class Session:
     def quantized(self, cfg: EvalConfig, alpha: float, keep: bool = True) -> Any:
         """The model ``cfg`` describes; ``keep``: remember its weights for the next spec that
         quantizes them the same way."""
-        if cfg.method == "fp32":
+        m = method(cfg.method)
+        if not m.quantizes:
             return self.base
         key: tuple[Any, ...] = (cfg.method, cfg.spec.weights, alpha, cfg.seed,
                                 cfg.calib_segments, cfg.calib_tokens)
-        if cfg.method == "hessian":  # its choices depend on every format
+        if m.joint:  # its choices depend on every format
             key += (cfg.spec, cfg.hessian)
         if key in self._prepared:
             model, prepared = self._prepared[key]
@@ -142,7 +149,7 @@ class Session:
     def workdir(self, cfg: EvalConfig) -> Path | None:
         """Where the hessian method keeps its finished layers for ``cfg`` (None: other
         methods)."""
-        if cfg.method != "hessian":
+        if not method(cfg.method).joint:
             return None
         return cfg.hessian.run_dir(self.work_root, cfg.spec, self.model_dir,
                                    f"ptb-train:{cfg.calib_segments}x{cfg.calib_tokens}:{cfg.seed}")
@@ -162,7 +169,8 @@ class Session:
         t0 = time.perf_counter()
         alpha = cfg.alpha if cfg.alpha is not None else 0.5
         search: dict[str, float] = {}
-        if cfg.method == "smoothquant" and cfg.alpha is None:
+        smooths = method(cfg.method).smooths
+        if smooths and cfg.alpha is None:
             alpha, search = self.choose_alpha(cfg)
         model = self.quantized(cfg, alpha)
         t1 = time.perf_counter()
@@ -170,5 +178,5 @@ class Session:
         progress = self.progress
         step = (lambda i, n: progress("windows", i, n)) if progress else None
         result = ppl.perplexity(model, wins, step)
-        return EvalRecord(cfg, result, alpha if cfg.method == "smoothquant" else None, search,
+        return EvalRecord(cfg, result, alpha if smooths else None, search,
                           t1 - t0, time.perf_counter() - t1)
