@@ -67,3 +67,19 @@ def test_deadcode_passes_here_and_names_a_planted_unused_function(copy: Path) ->
                          text=True, timeout=300)
     assert out.returncode == 1
     assert "unused function 'never_called_anywhere'" in out.stdout
+
+
+def test_no_function_in_src_is_longer_than_80_lines() -> None:
+    """Small functions: one longer than 80 lines (decorators and docstring included) is split
+    where its steps are."""
+    import ast
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    long = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(src)}:{node.lineno} {node.name} ({lines})")
+    assert not long, long

@@ -49,6 +49,14 @@ def add_parser(sub: Any) -> None:
     add_engine_args(serve, binding_help=BINDING_HELP.format(
         default="the binding --profile was tuned at, else the last tune's on this CPU, else "
                 "auto"))
+    for section in (_server_options, _table_options, _gate_options, _kv_options,
+                    _disagg_options, _order_options, _invariance_options):
+        section(serve)
+    serve.set_defaults(func=run, takes_vllm_args=True)
+
+
+def _server_options(serve: Any) -> None:
+    """`serve`'s options for the server."""
     srv = serve.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1)")
@@ -56,6 +64,10 @@ def add_parser(sub: Any) -> None:
     srv.add_argument("--start-timeout", type=float, default=900.0,
                      help="seconds to wait for the server to become healthy (default 900)")
     srv.add_argument("-v", "--verbose", action="store_true", help="echo vLLM's log")
+
+
+def _table_options(serve: Any) -> None:
+    """`serve`'s options for the draft-length table."""
     tab = serve.add_argument_group("draft-length table (speculative decoding)")
     tab.add_argument("--table", help="draft-length table: JSON file or inline "
                      "'[[start_bs, end_bs, k], ...]' (default: max k at every batch size)")
@@ -65,6 +77,10 @@ def add_parser(sub: Any) -> None:
                      help="rewrite the table live from acceptance counters (needs --profile)")
     tab.add_argument("--state-file", help="where the live controller writes its state "
                      "(default: live-state.json next to the profile)")
+
+
+def _gate_options(serve: Any) -> None:
+    """`serve`'s options for the draft gate."""
     gate = serve.add_argument_group(
         "draft gate (EAGLE or draft model: acceptance estimated per draft, drafts trimmed)")
     gate.add_argument("--estimate-acceptance", action="store_true",
@@ -84,6 +100,10 @@ def add_parser(sub: Any) -> None:
                       help="never verify a draft whose estimated chance of being accepted with "
                       "every draft before it is below P (0 <= P < 1), with or without --trim; "
                       "cuts drafts even where verifying is free")
+
+
+def _kv_options(serve: Any) -> None:
+    """`serve`'s options for the KV store."""
     kv = serve.add_argument_group("KV store (vLLM KV connector)")
     kv.add_argument("--kv-store", metavar="DIR",
                     help="keep KV blocks in loadwise's store in DIR: a chat's next turn and a "
@@ -106,6 +126,10 @@ def add_parser(sub: Any) -> None:
                     default=SERVE_DEFAULTS["kv_direct_reads"],
                     help="--kv-medium extents: read blocks with O_DIRECT, so a read from the "
                     "disk costs what the disk does (not served from the page cache)")
+
+
+def _disagg_options(serve: Any) -> None:
+    """`serve`'s options for prefill/decode disaggregation."""
     pd = serve.add_argument_group("disaggregated prefill/decode")
     pd.add_argument("--disagg", action="store_true",
                     help="a prefill engine and a decode engine, each on half the cores "
@@ -127,6 +151,10 @@ def add_parser(sub: Any) -> None:
     pd.add_argument("--restart-dead-engines", action="store_true",
                     help="start an engine that exits again on its port instead of stopping "
                     "(its requests get errors meanwhile)")
+
+
+def _order_options(serve: Any) -> None:
+    """`serve`'s options for request ordering."""
     order = serve.add_argument_group("request ordering (by predicted remaining work)")
     order.add_argument("--schedule", default="fcfs", choices=SCHEDULES,
                        help="fcfs: vLLM's first come, first served (default); sjf: waiting "
@@ -152,12 +180,15 @@ def add_parser(sub: Any) -> None:
                        f"{_SCHED.prefill_token_cost:g})")
     order.add_argument("--schedule-state", metavar="FILE",
                        help="where the engine writes the ordering's counters and time")
+
+
+def _invariance_options(serve: Any) -> None:
+    """`serve`'s options for batch invariance."""
     inv = serve.add_argument_group("batch invariance")
     inv.add_argument("--batch-invariant", action="store_true",
                      help="vllm-cpu: a request's tokens and logprobs do not depend on what else "
                      "is in its batch (loadwise's invariant attention, a start-up self-test; "
                      f"also {envvars.BATCH_INVARIANT.name}=1)")
-    serve.set_defaults(func=run, takes_vllm_args=True)
 
 
 # Options that belong to one section, and the option that section needs: each is refused

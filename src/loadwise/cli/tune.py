@@ -79,25 +79,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from loadwise.config.platform import on_cpu
-    from loadwise.config.serving import remember
     from loadwise.measure.workloads import resolve, resolve_many
-    from loadwise.model import loadwise_home
     from loadwise.provenance import provenance
-    from loadwise.report import print_settings_sweep, write_reports
+    from loadwise.report import print_settings_sweep
     from loadwise.settings_sweep import SweepConfig, measure_settings, quality_units
-    from loadwise.tune import TuneConfig, run_tune
+    from loadwise.tune import run_tune
     from loadwise.vllm.local import LocalEngine
 
-    if args.spec_method is None:
-        # The embedded model has a trained EAGLE head shipped with loadwise: a drafter that
-        # costs a forward per draft, which is where the table matters. Prompt lookup (ngram)
-        # stays an option, and the default for another model.
-        args.spec_method = "eagle" if args.model is None else "ngram"
-    cfg = TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
-                     steps_per_point=args.steps, acceptance_seconds=args.acceptance_seconds,
-                     acceptance_concurrency=args.acceptance_concurrency,
-                     max_spread=args.max_spread, extra_rounds=args.extra_rounds,
-                     workloads=tuple(args.workload or ("repetitive", "sharegpt")))
+    cfg = _tune_config(args)
     workloads = resolve_many(cfg.workloads)
     cands = _candidates(args, on_cpu())
     sweep_cfg = None
@@ -140,6 +129,20 @@ def run(args: argparse.Namespace) -> int:
         phases["acceptance_s"] = float(profile.meta.get("acceptance_s", 0.0))
         phases["tune_engine_s"] = time.perf_counter() - t1
     engine.shutdown()
+    profile = _finish(profile, sweep, spec, made_by, phases, t0, out_dir)
+    last = list(profile.acceptance)[-1]
+    console.print(next_step(spec, out_dir, last), soft_wrap=True, markup=False)
+    return 0
+
+
+def _finish(profile: Any, sweep: Any, spec: Any, made_by: dict[str, Any],
+            phases: dict[str, float], t0: float, out_dir: Path) -> Any:
+    """The profile's provenance and phases, its reports written, the deployed settings
+    remembered for this CPU, the closing lines printed; returns the profile written."""
+    from loadwise.config.serving import remember
+    from loadwise.model import loadwise_home
+    from loadwise.report import write_reports
+
     meta: dict[str, Any] = {**profile.meta, **made_by, "wall_s": round(time.perf_counter() - t0, 1),
                             "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
                             "draft_model": spec.draft_model}
@@ -158,9 +161,22 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"tune took {time.perf_counter() - t0:.0f} s (engine starts included); report in "
                   f"{out_dir}/ (report.json, profile.json, table-*.json, heatmap-*.png)")
     print_provenance(made_by)
-    last = list(profile.acceptance)[-1]
-    console.print(next_step(spec, out_dir, last), soft_wrap=True, markup=False)
-    return 0
+    return profile
+
+
+def _tune_config(args: argparse.Namespace) -> Any:
+    from loadwise.tune import TuneConfig
+
+    if args.spec_method is None:
+        # The embedded model has a trained EAGLE head shipped with loadwise: a drafter that
+        # costs a forward per draft, which is where the table matters. Prompt lookup (ngram)
+        # stays an option, and the default for another model.
+        args.spec_method = "eagle" if args.model is None else "ngram"
+    return TuneConfig(batch_sizes=args.batch_sizes, rounds=args.rounds,
+                      steps_per_point=args.steps, acceptance_seconds=args.acceptance_seconds,
+                      acceptance_concurrency=args.acceptance_concurrency,
+                      max_spread=args.max_spread, extra_rounds=args.extra_rounds,
+                      workloads=tuple(args.workload or ("repetitive", "sharegpt")))
 
 
 def next_step(spec: Any, out_dir: Path, workload: str) -> str:

@@ -111,10 +111,7 @@ def train_drafter(cfg: DrafterConfig, report: Report,
     import torch
 
     from loadwise.drafter import train as T
-    from loadwise.drafter.data import build_examples
-    from loadwise.drafter.head import EagleHead, HeadShape, save_head
-    from loadwise.drafter.target import hidden_states, load_target
-    from loadwise.measure.workloads import sharegpt_pairs
+    from loadwise.drafter.head import save_head
 
     out = Path(cfg.out_dir)
     work = out / "work"
@@ -122,6 +119,37 @@ def train_drafter(cfg: DrafterConfig, report: Report,
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
+    examples = _examples(cfg, work, report, engine_factory)
+    timings["examples_s"] = time.perf_counter() - t
+
+    # After the engine: vLLM leaves this process at one torch thread.
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    t = time.perf_counter()
+    target_cfg, weights, hidden = _hidden(cfg, work, report, examples)
+    timings["hidden_s"] = time.perf_counter() - t
+
+    train_ex, val_ex = examples[cfg.held_out:], examples[:cfg.held_out]
+    train_h, val_h = hidden[cfg.held_out:], hidden[:cfg.held_out]
+    t = time.perf_counter()
+    head, coverage, state = _train(cfg, work, report, target_cfg, weights, train_ex, train_h)
+    timings["train_s"] = time.perf_counter() - t
+    report("held-out check", 0, 1, f"{len(val_ex)} examples")
+    metrics = T.evaluate_head(head, val_ex, val_h, cfg.num_steps, cfg.batch_tokens)
+    meta = {"kind": "loadwise-eagle-head", "vllm_method": "eagle3", "target": cfg.model,
+            "config": cfg.fingerprint(), "draft_vocab_coverage": coverage,
+            "num_train_examples": len(train_ex),
+            "num_train_tokens": sum(len(e.token_ids) for e in train_ex),
+            "held_out": metrics, "stage_time_s": timings, "train_time_s": state.elapsed_s}
+    save_head(head, target_cfg, out, meta)
+    return meta
+
+
+def _examples(cfg: DrafterConfig, work: Path, report: Report,
+              engine_factory: Callable[[], Any] | None) -> list[Any]:
+    """Stage 1: the training conversations (ShareGPT prompts, answered as ``cfg.data`` says)."""
+    from loadwise.drafter.data import build_examples
+    from loadwise.measure.workloads import sharegpt_pairs
+
     pairs = sharegpt_pairs(cfg.num_examples, cfg.max_prompt_chars, seed=cfg.seed)
     made = [0]
 
@@ -129,13 +157,15 @@ def train_drafter(cfg: DrafterConfig, report: Report,
         made[0] += n
         report("examples", made[0], len(pairs), cfg.data)
 
-    examples = build_examples(cfg.data, pairs, cfg.model, work / f"examples-{cfg.data}.jsonl",
-                              cfg.max_answer_tokens, on_example, engine_factory)
-    timings["examples_s"] = time.perf_counter() - t
+    return build_examples(cfg.data, pairs, cfg.model, work / f"examples-{cfg.data}.jsonl",
+                          cfg.max_answer_tokens, on_example, engine_factory)
 
-    # After the engine: vLLM leaves this process at one torch thread.
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    t = time.perf_counter()
+
+def _hidden(cfg: DrafterConfig, work: Path, report: Report,
+            examples: list[Any]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """Stage 2: the target's config, weights and hidden states of every example."""
+    from loadwise.drafter.target import hidden_states, load_target
+
     target_cfg, weights, lm = load_target(cfg.model)
     done = [0]
 
@@ -145,11 +175,21 @@ def train_drafter(cfg: DrafterConfig, report: Report,
 
     hidden = hidden_states(lm, examples, work / cfg.hidden_dir(), on_hidden, cfg.aux_layers)
     del lm
-    timings["hidden_s"] = time.perf_counter() - t
+    return target_cfg, weights, hidden
+
+
+def _train(cfg: DrafterConfig, work: Path, report: Report, target_cfg: dict[str, Any],
+           weights: dict[str, Any], train_ex: list[Any],
+           train_h: list[Any]) -> tuple[Any, float, Any]:
+    """Stage 3: the head initialised from the target and trained, resumed from the work
+    directory's state where a run was interrupted; returns it, its vocabulary's coverage and
+    the training state."""
+    import torch
+
+    from loadwise.drafter import train as T
+    from loadwise.drafter.head import EagleHead, HeadShape
 
     shape = HeadShape.from_config(target_cfg)
-    train_ex, val_ex = examples[cfg.held_out:], examples[:cfg.held_out]
-    train_h, val_h = hidden[cfg.held_out:], hidden[:cfg.held_out]
     eos = int(target_cfg.get("eos_token_id") or 0)
     vocab, coverage = T.select_vocab(train_ex, cfg.draft_vocab_size, [eos], shape.vocab_size)
     embed = weights["model.embed_tokens.weight"]
@@ -175,21 +215,11 @@ def train_drafter(cfg: DrafterConfig, report: Report,
         report("training", p.epoch * p.num_batches + p.batch, p.num_batches * cfg.epochs,
                f"epoch {p.epoch + 1}/{cfg.epochs} loss {p.loss:.3f}")
 
-    t = time.perf_counter()
     T.train_loop(head, train_ex, train_h, epochs=cfg.epochs, batch_tokens=cfg.batch_tokens,
                  lr=cfg.lr, num_steps=cfg.num_steps, seed=cfg.seed, state=state,
                  optimizer=optimizer, save=save, save_every_s=cfg.save_every_s,
                  on_batch=on_batch)
-    timings["train_s"] = time.perf_counter() - t
-    report("held-out check", 0, 1, f"{len(val_ex)} examples")
-    metrics = T.evaluate_head(head, val_ex, val_h, cfg.num_steps, cfg.batch_tokens)
-    meta = {"kind": "loadwise-eagle-head", "vllm_method": "eagle3", "target": cfg.model,
-            "config": cfg.fingerprint(), "draft_vocab_coverage": coverage,
-            "num_train_examples": len(train_ex),
-            "num_train_tokens": sum(len(e.token_ids) for e in train_ex),
-            "held_out": metrics, "stage_time_s": timings, "train_time_s": state.elapsed_s}
-    save_head(head, target_cfg, out, meta)
-    return meta
+    return head, coverage, state
 
 
 def num_layers_of(model: str) -> int:

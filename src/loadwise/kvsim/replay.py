@@ -234,20 +234,37 @@ class Replayer:
             if self.device.max_write_backlog_s > 0 else 1.0
 
     def request(self, req: TraceRequest) -> None:
-        st = self.stats
-        st.requests += 1
+        self.stats.requests += 1
         now = req.arrival_s / self.speedup
         self._advance(now)
-        bb = self.store.block_bytes
         full_blocks = req.input_tokens // BLOCK_TOKENS  # a partial last block is never stored
+        ceiling = self._reuse_ceiling(req, full_blocks)
+        found, usable = self._read_stored_prefix(req, ceiling, now)
+        self._count_hits(req, found, usable, ceiling, now)
+        # The rest is recomputed and its blocks created now.
+        self._create_blocks(req, usable, full_blocks, now)
+        for h in req.hash_ids[:full_blocks]:
+            self.seen.add(h)
+            self.refs[h] = self.refs.get(h, 0) + 1
+        self.turns[req.session] = self.turns.get(req.session, 0) + 1
+
+    def _reuse_ceiling(self, req: TraceRequest, full_blocks: int) -> int:
+        """Leading blocks any earlier request created: what a perfect store would serve."""
         ceiling = 0
         for h in req.hash_ids[:full_blocks]:
             if h not in self.seen:
                 break
             ceiling += 1
-        st.reusable_blocks += ceiling
-        st.reusable_tokens += sum(self._tokens(req, i) for i in range(ceiling))
-        # Longest stored prefix, memory first (memory holds a copy in the tiered design).
+        self.stats.reusable_blocks += ceiling
+        self.stats.reusable_tokens += sum(self._tokens(req, i) for i in range(ceiling))
+        return ceiling
+
+    def _read_stored_prefix(self, req: TraceRequest, ceiling: int,
+                            now: float) -> tuple[list[Medium], int]:
+        """The longest stored prefix, memory first (memory holds a copy in the tiered design),
+        and how much of it is used: the SSD part is read unless the device is too far behind,
+        then everything from the first SSD block on is recomputed."""
+        st = self.stats
         found: list[Medium] = []
         for h in req.hash_ids[:ceiling]:
             if h in self.memory:
@@ -258,28 +275,34 @@ class Replayer:
                 break
         ssd_keys = [h for h, m in zip(req.hash_ids, found) if m is Medium.SSD]
         usable = len(found)
-        if ssd_keys:
-            runs = self.ssd.runs(ssd_keys)
-            cost = self.device.read_s(runs, len(ssd_keys) * bb)
-            start = max(now, self.read_busy_until)
-            if start - now > self.device.max_read_wait_s:
-                # The device is too far behind: recompute from the first block on SSD.
-                usable = found.index(Medium.SSD)
-                st.abandoned_read_blocks += len(found) - usable
-            else:
-                self.read_busy_until = start + cost
-                st.ssd_busy_s += cost
-                st.model_read_s += cost
-                st.ssd_read_calls += runs
-                st.bytes_read["ssd"] += len(ssd_keys) * bb
-                if self.real_io is not None and st.measured_read_s is not None:
-                    st.measured_read_s += self.real_io.read(ssd_keys)
+        if not ssd_keys:
+            return found, usable
+        bb = self.store.block_bytes
+        runs = self.ssd.runs(ssd_keys)
+        cost = self.device.read_s(runs, len(ssd_keys) * bb)
+        start = max(now, self.read_busy_until)
+        if start - now > self.device.max_read_wait_s:
+            usable = found.index(Medium.SSD)
+            st.abandoned_read_blocks += len(found) - usable
+            return found, usable
+        self.read_busy_until = start + cost
+        st.ssd_busy_s += cost
+        st.model_read_s += cost
+        st.ssd_read_calls += runs
+        st.bytes_read["ssd"] += len(ssd_keys) * bb
+        if self.real_io is not None and st.measured_read_s is not None:
+            st.measured_read_s += self.real_io.read(ssd_keys)
+        return found, usable
+
+    def _count_hits(self, req: TraceRequest, found: list[Medium], usable: int, ceiling: int,
+                    now: float) -> None:
+        st = self.stats
         hits = list(zip(req.hash_ids[:usable], found[:usable]))
         for h, medium in hits:
             if medium is Medium.MEMORY:
                 self.memory.touch(h)
                 st.hit_blocks_memory += 1
-                st.bytes_read["memory"] += bb
+                st.bytes_read["memory"] += self.store.block_bytes
             else:
                 st.hit_blocks_ssd += 1
         # Promotions come after every memory hit was touched, so they evict colder blocks.
@@ -294,7 +317,11 @@ class Replayer:
             _bump(st.read_back_tokens_by_kind, req.kind, read_back)
             _bump(st.reusable_tokens_by_kind, req.kind,
                   sum(self._tokens(req, i) for i in range(ceiling)))
-        # The rest is recomputed and its blocks created now.
+
+    def _create_blocks(self, req: TraceRequest, usable: int, full_blocks: int,
+                       now: float) -> None:
+        """Blocks past the used prefix, placed by the policy; then what memory evicted is
+        offloaded (tiered)."""
         ssd_batch: list[int] = []
         turn = self.turns.get(req.session, 0)
         pressure = self.write_pressure
@@ -322,10 +349,6 @@ class Replayer:
             self._offload.clear()
             if todo:
                 self._write_ssd(OFFLOAD_STREAM, todo, now)
-        for h in req.hash_ids[:full_blocks]:
-            self.seen.add(h)
-            self.refs[h] = self.refs.get(h, 0) + 1
-        self.turns[req.session] = turn + 1
 
     def _classify(self, req: TraceRequest) -> SessionClass | None:
         """The session's class after this request, from what an engine sees (None: the trace

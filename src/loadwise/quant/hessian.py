@@ -243,21 +243,15 @@ def _capture(layer: Any, site: str, inputs: list[torch.Tensor],
     return torch.cat(got)
 
 
-@torch.no_grad()
-def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: dict[str, Any],
-                   fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
-                   shape: Shape) -> LayerResult:
-    """Quantize one decoder layer in place. ``fisher``: its linears' sensitivities by short
-    name (``v_proj``), ``[tokens, out]``."""
-    choices = LayerChoices()
+def _choose_transforms(layer: Any, inputs: list[torch.Tensor], kwargs: dict[str, Any],
+                       fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
+                       shape: Shape, choices: LayerChoices,
+                       rotation: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Each site's transform (scales, and for down_proj's input an online rotation), chosen on
+    the float layer and folded in; ``fisher`` rescaled in place where a producer's outputs are
+    divided by the scales. Each site's input is captured once: the folds keep the function, so
+    a site's input under its own scales is x / s. Returns the online rotations."""
     rotations: dict[str, torch.Tensor] = {}
-    fisher = dict(fisher)
-    originals = dict(linears(layer))
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
-    rotation = random_orthogonal(shape.intermediate, gen) if cfg.rotate else None
-
-    # 1. Transforms, on the float layer (each site's input captured once: the folds keep the
-    # function, so a site's input under its own scales is x / s).
     for site_name in INPUTS:
         site = _Site(layer, site_name, _capture(layer, site_name, inputs, kwargs), fisher, spec,
                      shape)
@@ -289,8 +283,17 @@ def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: d
             layer.mlp.down_proj.weight.copy_(layer.mlp.down_proj.weight @ rotation)
             rotations["down_proj"] = rotation
 
-    # 2-5. Ranges and rounding, site by site, on the inputs the quantized consumers before
-    # produce (down_proj's input rotated here: its weight already holds the rotation).
+    return rotations
+
+
+def _choose_ranges_and_rounding(layer: Any, inputs: list[torch.Tensor], kwargs: dict[str, Any],
+                                fisher: dict[str, torch.Tensor], spec: QuantSpec,
+                                cfg: HessianConfig, shape: Shape, choices: LayerChoices,
+                                rotations: dict[str, torch.Tensor],
+                                originals: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Ranges and rounding, site by site, on the inputs the quantized consumers before produce
+    (down_proj's input rotated here: its weight already holds the rotation); each linear is
+    replaced by its simulated quantized form as it is done. Returns the weights' scales."""
     scales: dict[str, torch.Tensor] = {}
     for site_name in INPUTS:
         rot = rotations.get("down_proj") if site_name == "down_in" else None
@@ -338,6 +341,27 @@ def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: d
             kv = spec.kv if n in KV_LINEARS else None
             set_linear(layer, n, SimLinear(originals[n], spec.activations, kv, rot,
                                             choice.act_clip, choices.linears[n].out_clip))
+    return scales
+
+
+@torch.no_grad()
+def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: dict[str, Any],
+                   fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
+                   shape: Shape) -> LayerResult:
+    """Quantize one decoder layer in place. ``fisher``: its linears' sensitivities by short
+    name (``v_proj``), ``[tokens, out]``."""
+    choices = LayerChoices()
+    fisher = dict(fisher)  # the transforms rescale the producers' sensitivities in this copy
+    originals = dict(linears(layer))
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
+    rotation = random_orthogonal(shape.intermediate, gen) if cfg.rotate else None
+
+    # 1. Transforms, on the float layer.
+    rotations = _choose_transforms(layer, inputs, kwargs, fisher, spec, cfg, shape, choices,
+                                   rotation)
+    # 2-5. Ranges and rounding, site by site.
+    scales = _choose_ranges_and_rounding(layer, inputs, kwargs, fisher, spec, cfg, shape,
+                                         choices, rotations, originals)
     outputs = [layer(x, **kwargs) for x in inputs]  # as simulated: the next layer's inputs
     for n, lin in originals.items():
         set_linear(layer, n, lin)

@@ -31,95 +31,103 @@ from loadwise.vllm.step_recorder import StepCounts, StepObserver, StepRecorder
 
 logger = logging.getLogger("loadwise.scheduler")
 
+
+class _LoadwiseMixin:
+    """What loadwise adds to vLLM's scheduler (either base: sync or async): the live table, the
+    step recorder and its observers, the draft gate. Mixed in before the base, so ``super()``
+    is vLLM's scheduler."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        k = compat.num_spec_tokens(self)
+        self.loadwise_table: list[list[int]] | None = None
+        self.loadwise_recorder = StepRecorder(k)
+        self.loadwise_observers: list[StepObserver] = []
+        self.loadwise_draft_gate: DraftFilter | None = None
+        self._lw_broken = False
+        if k > 0 and not compat.has_dynamic_lookup(self):
+            # A live table needs vLLM's dynamic path; start it as the static k it was.
+            self.set_table([[1, compat.max_num_seqs(self), k]])
+        elif k > 0:
+            self.loadwise_table = compat.configured_table(self)
+        run_init_hooks(self)
+
+    @property
+    def loadwise_records(self) -> Any:
+        return self.loadwise_recorder.records
+
+    @property
+    def loadwise_num_steps(self) -> int:
+        return self.loadwise_recorder.num_steps
+
+    def set_table(self, table: list[list[int]]) -> None:
+        """Validate with vLLM's own parser and swap the dense lookup in one assignment.
+
+        Raises ValueError for an invalid table (callers outside vLLM's step decide what to do);
+        k above the engine's num_speculative_tokens is clamped exactly as vLLM does.
+        """
+        if compat.num_spec_tokens(self) <= 0:
+            raise ValueError("engine runs without speculative decoding: no table to set")
+        compat.set_dynamic_lookup(self, table)
+        self.loadwise_table = [list(r) for r in table]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        start_s = time.perf_counter()
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if not self._lw_broken:
+            try:
+                self.loadwise_recorder.scheduled(out, start_s)
+            except Exception:  # noqa: BLE001
+                self._lw_break("recording a scheduled step")
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        counts: StepCounts | None = None
+        if not self._lw_broken:
+            try:
+                counts = self.loadwise_recorder.count(scheduler_output, model_runner_output)
+            except Exception:  # noqa: BLE001
+                self._lw_break("counting accepted drafts")
+        if counts is not None and self.loadwise_draft_gate is not None:
+            self.loadwise_draft_gate.verified(counts.outcomes)  # never raises
+        result = super().update_from_output(scheduler_output,  # type: ignore[misc]
+                                            model_runner_output)
+        if counts is not None and not self._lw_broken:
+            try:
+                record = self.loadwise_recorder.finish(scheduler_output, counts)
+            except Exception:  # noqa: BLE001
+                self._lw_break("recording a finished step")
+            else:
+                if record is not None:
+                    self._lw_observe(record)
+        return result
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        if self.loadwise_draft_gate is not None:
+            draft_token_ids = self.loadwise_draft_gate.offer(draft_token_ids)  # never raises
+        super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
+
+    def _lw_observe(self, record: Any) -> None:
+        for observer in list(self.loadwise_observers):
+            try:
+                observer(record, self)
+            except Exception:
+                logger.exception("loadwise: step observer %r failed; removed", observer)
+                self.loadwise_observers.remove(observer)
+
+    def _lw_break(self, what: str) -> None:
+        self._lw_broken = True
+        logger.exception(
+            "loadwise: failed while %s; recording is off, the engine keeps table %s",
+            what, self.loadwise_table,
+        )
+
+
 def _make(base: type[Any]) -> type[Any]:
-    class _Loadwise(base):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            k = compat.num_spec_tokens(self)
-            self.loadwise_table: list[list[int]] | None = None
-            self.loadwise_recorder = StepRecorder(k)
-            self.loadwise_observers: list[StepObserver] = []
-            self.loadwise_draft_gate: DraftFilter | None = None
-            self._lw_broken = False
-            if k > 0 and not compat.has_dynamic_lookup(self):
-                # A live table needs vLLM's dynamic path; start it as the static k it was.
-                self.set_table([[1, compat.max_num_seqs(self), k]])
-            elif k > 0:
-                self.loadwise_table = compat.configured_table(self)
-            run_init_hooks(self)
-
-        @property
-        def loadwise_records(self) -> Any:
-            return self.loadwise_recorder.records
-
-        @property
-        def loadwise_num_steps(self) -> int:
-            return self.loadwise_recorder.num_steps
-
-        def set_table(self, table: list[list[int]]) -> None:
-            """Validate with vLLM's own parser and swap the dense lookup in one assignment.
-
-            Raises ValueError for an invalid table (callers outside vLLM's step decide what to do);
-            k above the engine's num_speculative_tokens is clamped exactly as vLLM does.
-            """
-            if compat.num_spec_tokens(self) <= 0:
-                raise ValueError("engine runs without speculative decoding: no table to set")
-            compat.set_dynamic_lookup(self, table)
-            self.loadwise_table = [list(r) for r in table]
-
-        def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            start_s = time.perf_counter()
-            out = super().schedule(*args, **kwargs)
-            if not self._lw_broken:
-                try:
-                    self.loadwise_recorder.scheduled(out, start_s)
-                except Exception:  # noqa: BLE001
-                    self._lw_break("recording a scheduled step")
-            return out
-
-        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            counts: StepCounts | None = None
-            if not self._lw_broken:
-                try:
-                    counts = self.loadwise_recorder.count(scheduler_output, model_runner_output)
-                except Exception:  # noqa: BLE001
-                    self._lw_break("counting accepted drafts")
-            if counts is not None and self.loadwise_draft_gate is not None:
-                self.loadwise_draft_gate.verified(counts.outcomes)  # never raises
-            result = super().update_from_output(scheduler_output, model_runner_output)
-            if counts is not None and not self._lw_broken:
-                try:
-                    record = self.loadwise_recorder.finish(scheduler_output, counts)
-                except Exception:  # noqa: BLE001
-                    self._lw_break("recording a finished step")
-                else:
-                    if record is not None:
-                        self._lw_observe(record)
-            return result
-
-        def update_draft_token_ids(self, draft_token_ids: Any) -> None:
-            if self.loadwise_draft_gate is not None:
-                draft_token_ids = self.loadwise_draft_gate.offer(draft_token_ids)  # never raises
-            super().update_draft_token_ids(draft_token_ids)
-
-        def _lw_observe(self, record: Any) -> None:
-            for observer in list(self.loadwise_observers):
-                try:
-                    observer(record, self)
-                except Exception:
-                    logger.exception("loadwise: step observer %r failed; removed", observer)
-                    self.loadwise_observers.remove(observer)
-
-        def _lw_break(self, what: str) -> None:
-            self._lw_broken = True
-            logger.exception(
-                "loadwise: failed while %s; recording is off, the engine keeps table %s",
-                what, self.loadwise_table,
-            )
-
-    _Loadwise.__name__ = f"Loadwise{base.__name__}"
-    _Loadwise.__qualname__ = _Loadwise.__name__
-    return _Loadwise
+    name = f"Loadwise{base.__name__}"
+    cls = type(name, (_LoadwiseMixin, base), {"__qualname__": name,
+                                               "__module__": __name__})
+    return cls
 
 
 _SYNC, _ASYNC = compat.scheduler_bases()
