@@ -50,7 +50,7 @@ def test_agent_session_reads_are_judged_against_the_disks_own_sequential_rate() 
     fig = FIGURES["kv_agent_reads_over_disk"](result)
     flat = [r for r in result["results"] if r["config"] == "flat"]
     assert len(fig.samples) == len(flat) == 5
-    assert max(fig.samples) < 0.8  # 0.64-0.78 of the 1 GiB file read: the target is missed
+    assert max(fig.samples) < 0.8  # 0.50-0.59 of the 1 GiB file read at the start: missed
     assert FIGURES["kv_agent_read_back"](result).samples == (1.0,) * 5
 
 

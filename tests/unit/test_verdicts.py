@@ -254,3 +254,23 @@ def test_no_doc_writes_a_verdict_by_hand() -> None:
         found += [f"{path.name}: {line.strip()[:80]}" for line in text.splitlines()
                   if word.search(line)]
     assert not found, found
+
+
+def test_a_broken_result_or_a_figure_that_fails_is_a_one_line_error(tmp_path: Path) -> None:
+    from loadwise.errors import LoadwiseError
+
+    repo = _checkout(tmp_path)
+    (repo / "benchmarks" / "targets" / "g.toml").write_text(TARGET)
+    _commit(repo, "declare t1")
+    (target,) = load_targets(repo / "benchmarks" / "targets")
+    results = repo / "benchmarks" / "results"
+    (results / "run-20261201-000000.json").write_text("{}")
+
+    def first(result: dict) -> Figure:
+        return Figure((float(result["x"]),))
+
+    with pytest.raises(LoadwiseError, match="figure first failed on .*KeyError"):
+        verdict_of(repo, target, {"first": first})
+    (results / "run-20261202-000000.json").write_text("{not json")
+    with pytest.raises(LoadwiseError, match="not a readable JSON result"):
+        verdict_of(repo, target, {"first": first})

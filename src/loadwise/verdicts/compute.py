@@ -80,11 +80,18 @@ def candidates(results_dir: Path, pattern: str) -> list[Path]:
 def figure_of(target: Target, fn: FigureFn, files: list[Path]) -> tuple[Path, dict[str, Any],
                                                                         Figure] | None:
     for path in files:
-        payload = json.loads(path.read_text())
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise LoadwiseError(f"{path}: not a readable JSON result ({e})") from None
         try:
             fig = fn(payload, **target.args)
         except NotApplicable:
             continue
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise LoadwiseError(f"target {target.id}: figure {target.figure} failed on {path} "
+                                f"({type(e).__name__}: {e}); fix the figure or the target's "
+                                "files pattern") from None
         return path, payload, fig
     return None
 
