@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from loadwise.sched.predictor import OracleLengths, ids_key
@@ -75,7 +76,11 @@ def _race(url: str) -> dict[str, Any]:
     return out
 
 
-def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec_method", ["none", "eagle"])
+def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(
+        tmp_path: Path, spec_method: str) -> None:
+    """vLLM's sync scheduler without speculation, its async scheduler with the shipped EAGLE
+    head: the ordering preempts on both, and answers stay fcfs's."""
     # Every prompt unknown to the oracle gets its median, far above any max_tokens here: the
     # expected remaining work is each request's own max_tokens left, as for a predictor that
     # knows nothing but the cap.
@@ -86,8 +91,8 @@ def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(tmp_path:
     tokens: dict[str, dict[str, Any]] = {}
     for policy, flags in (("fcfs", ()), ("srpt", ("--schedule", "srpt", "--oracle-lengths",
                                                    str(oracle), "--schedule-state", str(state)))):
-        proc, url, _ = _start_serve(tmp_path, "--spec-method", "none", "--max-num-seqs", "1",
-                                    *flags)
+        proc, url, _ = _start_serve(tmp_path, "--spec-method", spec_method, "--max-num-seqs",
+                                    "1", *flags)
         try:
             out = _race(url)
             time.sleep(1.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -234,3 +235,25 @@ def test_schedule_config_refuses_bad_settings(tmp_path: object) -> None:
     env = SRPT.env()
     assert ScheduleConfig.from_json(__import__("json").loads(env["LOADWISE_SCHEDULE"])) == \
         SRPT.resolved()
+
+
+@pytest.mark.parametrize(("spec_method", "cls"), [(None, "OrderingScheduler"),
+                                                  ("ngram", "OrderingScheduler"),
+                                                  ("eagle", "OrderingAsyncScheduler")])
+def test_ordering_runs_on_the_scheduler_vllm_runs_the_drafter_with(
+        tmp_path: Path, spec_method: str | None, cls: str) -> None:
+    """Sync scheduling without speculation or with prompt lookup, async with EAGLE and draft
+    models: the ordering is mixed over loadwise's adapter of either, never refused."""
+    import importlib
+
+    from loadwise.config.engine import EngineSpec
+
+    (tmp_path / "config.json").write_text("{}")
+    spec = EngineSpec(model=str(tmp_path), spec_method=spec_method, schedule=SRPT,
+                      draft_model=str(tmp_path) if spec_method == "eagle" else None)
+    module, _, name = spec.scheduler_cls().rpartition(".")
+    assert name == cls
+    ordering = getattr(importlib.import_module(module), name)
+    bases = [c.__name__ for c in ordering.__mro__]
+    want = "AsyncScheduler" if spec_method == "eagle" else "Scheduler"
+    assert bases[:3] == [cls, "_OrderingMixin", f"Loadwise{want}"] and want in bases

@@ -17,6 +17,7 @@ from loadwise.config.binding import CpuBinding, apply_env
 from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
 from loadwise.config.platform import compile_env, on_cpu
 from loadwise.config.runtime import RuntimeSettings, apply_runtime_env
+from loadwise.config.schedule import ASYNC_SCHEDULER_CLS as ORDERING_ASYNC_SCHEDULER_CLS
 from loadwise.config.schedule import SCHEDULER_CLS as ORDERING_SCHEDULER_CLS
 from loadwise.config.schedule import ScheduleConfig
 from loadwise.config.serving import ServingSettings
@@ -155,10 +156,6 @@ class EngineSpec:
             raise EngineConfigError(
                 "the draft gate scores drafts by the drafter's own distribution: it needs "
                 f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
-        if self.ordered and self.spec_method not in (None, "ngram"):
-            raise EngineConfigError(f"--schedule {self.schedule.policy if self.schedule else ''} "
-                                    "runs with vLLM's sync scheduler: --spec-method none or "
-                                    f"ngram, not {self.spec_method}")
         _check_model_path(self.model, "model")
         _check_quantized_kernels(self.model, self.dtype)
         if self.draft_model:
@@ -193,10 +190,11 @@ class EngineSpec:
         return self.schedule is not None and self.schedule.ordered
 
     def scheduler_cls(self) -> str:
-        if self.ordered:
-            return ORDERING_SCHEDULER_CLS
         # vLLM runs ngram with sync scheduling, draft models with async scheduling.
-        return SCHEDULER_CLS if self.spec_method in (None, "ngram") else ASYNC_SCHEDULER_CLS
+        sync = self.spec_method in (None, "ngram")
+        if self.ordered:
+            return ORDERING_SCHEDULER_CLS if sync else ORDERING_ASYNC_SCHEDULER_CLS
+        return SCHEDULER_CLS if sync else ASYNC_SCHEDULER_CLS
 
     def llm_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

@@ -14,6 +14,7 @@ from loadwise.errors import LoadwiseError
 
 SCHEDULES = ("fcfs", "sjf", "srpt")
 SCHEDULER_CLS = "loadwise.sched.engine.OrderingScheduler"
+ASYNC_SCHEDULER_CLS = "loadwise.sched.engine.OrderingAsyncScheduler"
 
 
 class ScheduleConfigError(LoadwiseError, ValueError):

@@ -1,8 +1,9 @@
 """The engine side of ordering by predicted remaining work: vLLM's scheduler (loadwise's
 adapter) with requests ordered by ``loadwise.sched.order``.
 
-Selected with ``scheduler_cls="loadwise.sched.engine.OrderingScheduler"`` and vLLM's
-``priority`` policy (``loadwise serve --schedule sjf|srpt`` sets both and
+Selected with ``scheduler_cls="loadwise.sched.engine.OrderingScheduler"`` (sync scheduling:
+no speculation or prompt lookup) or ``OrderingAsyncScheduler`` (async scheduling: EAGLE and
+draft models) and vLLM's ``priority`` policy (``loadwise serve --schedule sjf|srpt`` sets both and
 ``LOADWISE_SCHEDULE``). vLLM keeps doing all of the scheduling; this class only
 
 * predicts each request's output length when it arrives (from its prompt ids),
@@ -31,7 +32,7 @@ from loadwise.sched.order import RequestView, preemptions, priority
 from loadwise.sched.predictor import LengthPredictor, OracleLengths, load_predictor
 from loadwise.sched.worker import PREDS_ATTR, TIME_ATTR
 from loadwise.vllm import compat
-from loadwise.vllm.scheduler import LoadwiseScheduler
+from loadwise.vllm.scheduler import LoadwiseAsyncScheduler, LoadwiseScheduler
 from loadwise.vllm.state_file import write_state_file
 
 logger = logging.getLogger("loadwise.sched")
@@ -123,7 +124,13 @@ class Ordering:
                                    if self.engine_step_s > 0 else None)}
 
 
-class OrderingScheduler(LoadwiseScheduler):  # type: ignore[misc]
+class _OrderingMixin:
+    """Ordering over either of loadwise's schedulers (mixed in before it: ``super()`` is the
+    adapter, then vLLM's sync or async scheduler, whose preemption also handles the output of
+    a step still in flight)."""
+
+    loadwise_ordering: Ordering | None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loadwise_ordering: Ordering | None = None
@@ -150,7 +157,7 @@ class OrderingScheduler(LoadwiseScheduler):  # type: ignore[misc]
                 self.loadwise_ordering.arrive(request)
             except Exception:  # noqa: BLE001
                 self._lw_ordering_off("predicting a request's length")
-        super().add_request(request)
+        super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.loadwise_ordering is not None:
@@ -158,10 +165,11 @@ class OrderingScheduler(LoadwiseScheduler):  # type: ignore[misc]
                 self.loadwise_ordering.before_schedule(self)
             except Exception:  # noqa: BLE001
                 self._lw_ordering_off("ordering the queue")
-        return super().schedule(*args, **kwargs)
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        result = super().update_from_output(scheduler_output, model_runner_output)
+        result = super().update_from_output(  # type: ignore[misc]
+            scheduler_output, model_runner_output)
         ordering = self.loadwise_ordering
         if ordering is not None:
             try:
@@ -177,10 +185,20 @@ class OrderingScheduler(LoadwiseScheduler):  # type: ignore[misc]
         logger.exception("loadwise: ordering failed while %s; off, first come, first served",
                          what)
         try:
-            for req in compat.waiting_requests(self) + list(self.running):
+            running = list(self.running)  # type: ignore[attr-defined]
+            for req in compat.waiting_requests(self) + running:
                 req.priority = 0
             compat.reorder_waiting(self)
             if ordering is not None and ordering.cfg.state_file:
                 write_state_file(ordering.cfg.state_file, ordering.state("failed"))
         except Exception:
             logger.exception("loadwise: could not reset the priorities")
+
+
+def _ordering(base: type[Any]) -> type[Any]:
+    name = f"Ordering{base.__name__.removeprefix('Loadwise')}"
+    return type(name, (_OrderingMixin, base), {"__qualname__": name, "__module__": __name__})
+
+
+OrderingScheduler = _ordering(LoadwiseScheduler)
+OrderingAsyncScheduler = _ordering(LoadwiseAsyncScheduler)
