@@ -113,7 +113,8 @@ _.log_engine_initialized  # unused method (src/loadwise/vllm/metrics.py:148)
 _.__qualname__  # unused attribute (src/loadwise/vllm/scheduler.py:121)
 _.forward  # unused method (src/loadwise/quant/sim.py:30): torch's Module.__call__ calls it
 nll_delta  # unused variable (src/loadwise/quant/sensitivity.py:31): a record field the study benchmark reads
-OrderingScheduler  # unused class (src/loadwise/sched/engine.py:122): vLLM loads it by path (scheduler_cls)
+OrderingScheduler  # unused variable (src/loadwise/sched/engine.py:203): vLLM loads it by path (scheduler_cls)
+OrderingAsyncScheduler  # unused variable (src/loadwise/sched/engine.py:204): vLLM loads it by path (scheduler_cls)
 ssd_blocks_loaded  # unused variable (src/loadwise/kvstore/stats.py: a counter read through to_json)
 ssd_bytes_loaded  # unused variable (src/loadwise/kvstore/stats.py: a counter read through to_json)
 ssd_read_s  # unused variable (src/loadwise/kvstore/stats.py: a counter read through to_json)
