@@ -27,14 +27,20 @@ from loadwise.provenance import provenance
 
 PHASES = re.compile(r"main job: setup (\d+) s, model and head (\d+) s, tune (\d+) s;\s+total (\d+) s")
 TABLE = re.compile(r"^table for (\S+): (.+)$", re.MULTILINE)
+# The vLLM CPU binding and runtime the tune deployed (and measured its step times at).
+DEPLOYED = re.compile(r"step times measured at CPU binding (\S+), runtime (\S+)")
 
 
 def parse_console(text: str) -> dict[str, Any]:
-    """The phases demo.sh prints at its end and the tables the tune printed (pure)."""
+    """The phases demo.sh prints at its end, the tables the tune printed and the CPU binding
+    and runtime it deployed (pure)."""
     m = PHASES.search(text)
     phases = None if m is None else dict(zip(("setup_s", "model_and_head_s", "tune_s", "total_s"),
                                            map(int, m.groups())))
-    return {"phases": phases, "tables": {w: t.strip() for w, t in TABLE.findall(text)}}
+    d = DEPLOYED.search(text)
+    deployed = None if d is None else {"cpu_binding": d.group(1), "runtime": d.group(2)}
+    return {"phases": phases, "tables": {w: t.strip() for w, t in TABLE.findall(text)},
+            "deployed": deployed}
 
 
 def run_fresh(repo: Path, work: Path, warm_pip: bool, extra: list[str],

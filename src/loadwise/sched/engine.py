@@ -32,7 +32,7 @@ from loadwise.sched.order import RequestView, preemptions, priority
 from loadwise.sched.predictor import LengthPredictor, OracleLengths, load_predictor
 from loadwise.sched.worker import PREDS_ATTR, TIME_ATTR
 from loadwise.vllm import compat
-from loadwise.vllm.scheduler import LoadwiseAsyncScheduler, LoadwiseScheduler
+from loadwise.vllm.scheduler import LoadwiseAsyncScheduler, LoadwiseScheduler, mixed
 from loadwise.vllm.state_file import write_state_file
 
 logger = logging.getLogger("loadwise.sched")
@@ -195,10 +195,6 @@ class _OrderingMixin:
             logger.exception("loadwise: could not reset the priorities")
 
 
-def _ordering(base: type[Any]) -> type[Any]:
-    name = f"Ordering{base.__name__.removeprefix('Loadwise')}"
-    return type(name, (_OrderingMixin, base), {"__qualname__": name, "__module__": __name__})
-
-
-OrderingScheduler = _ordering(LoadwiseScheduler)
-OrderingAsyncScheduler = _ordering(LoadwiseAsyncScheduler)
+OrderingScheduler = mixed(_OrderingMixin, LoadwiseScheduler, "OrderingScheduler", __name__)
+OrderingAsyncScheduler = mixed(_OrderingMixin, LoadwiseAsyncScheduler, "OrderingAsyncScheduler",
+                               __name__)

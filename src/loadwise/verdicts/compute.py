@@ -77,13 +77,18 @@ def candidates(results_dir: Path, pattern: str) -> list[Path]:
                   key=lambda p: p.name, reverse=True)
 
 
+def read_result(path: Path) -> dict[str, Any]:
+    try:
+        payload: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise LoadwiseError(f"{path}: not a readable JSON result ({e})") from None
+    return payload
+
+
 def figure_of(target: Target, fn: FigureFn, files: list[Path]) -> tuple[Path, dict[str, Any],
                                                                         Figure] | None:
     for path in files:
-        try:
-            payload = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise LoadwiseError(f"{path}: not a readable JSON result ({e})") from None
+        payload = read_result(path)
         try:
             fig = fn(payload, **target.args)
         except NotApplicable:
@@ -100,9 +105,9 @@ def verdict_of(root: Path, target: Target, figures: dict[str, FigureFn]) -> Verd
     if target.figure not in figures:
         raise LoadwiseError(f"target {target.id}: no figure {target.figure!r} in "
                             "benchmarks/verdicts.py")
-    base: dict[str, Any] = {"id": target.id, "group": target.group, "claim": target.claim, "bound": target.bound,
-            "direction": target.direction, "unit": target.unit, "rule": target.rule,
-            "issue": target.issue}
+    base: dict[str, Any] = {"id": target.id, "group": target.group, "claim": target.claim,
+                            "bound": target.bound, "direction": target.direction,
+                            "unit": target.unit, "rule": target.rule, "issue": target.issue}
     found = figure_of(target, figures[target.figure],
                       candidates(root / "benchmarks" / "results", target.files))
     if found is None:
@@ -122,7 +127,7 @@ def first_sha(root: Path, target: Target) -> str | None:
     """The commit of the target's oldest result on disk."""
     for path in reversed(candidates(root / "benchmarks" / "results",
                                     target.since or target.files)):
-        sha = result_sha(json.loads(path.read_text()))
+        sha = result_sha(read_result(path))
         if sha and is_commit(root, sha.removesuffix("-dirty")):
             return sha
     return None

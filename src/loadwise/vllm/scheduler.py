@@ -123,13 +123,12 @@ class _LoadwiseMixin:
         )
 
 
-def _make(base: type[Any]) -> type[Any]:
-    name = f"Loadwise{base.__name__}"
-    cls = type(name, (_LoadwiseMixin, base), {"__qualname__": name,
-                                               "__module__": __name__})
-    return cls
+def mixed(mixin: type, base: type[Any], name: str, module: str) -> type[Any]:
+    """The class ``module.name``: ``mixin`` over ``base`` (vLLM loads it by that path, so it
+    lives at module level under that name)."""
+    return type(name, (mixin, base), {"__qualname__": name, "__module__": module})
 
 
 _SYNC, _ASYNC = compat.scheduler_bases()
-LoadwiseScheduler = _make(_SYNC)
-LoadwiseAsyncScheduler = _make(_ASYNC)
+LoadwiseScheduler = mixed(_LoadwiseMixin, _SYNC, "LoadwiseScheduler", __name__)
+LoadwiseAsyncScheduler = mixed(_LoadwiseMixin, _ASYNC, "LoadwiseAsyncScheduler", __name__)
