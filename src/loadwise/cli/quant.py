@@ -20,6 +20,7 @@ from loadwise.quant.catalog import (
     KINDS,
     METHODS,
     SCHEMES,
+    method,
 )
 
 
@@ -116,8 +117,6 @@ def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], Non
 
 
 def check_hessian(name: str, segments: int, calib_segments: int, tokens: int) -> None:
-    from loadwise.quant.catalog import method
-
     if not method(name).joint:
         return
     if not 1 <= segments <= calib_segments:
