@@ -29,6 +29,7 @@ from typing import Any
 
 from settle import settle_within
 
+from loadwise.adaptive.engine import AdaptiveObserver
 from loadwise.config.engine import EngineSpec
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
@@ -39,7 +40,6 @@ from loadwise.policy.goodput import goodput
 from loadwise.policy.table import lookup_vllm
 from loadwise.provenance import provenance
 from loadwise.vllm.local import ClosedLoop, LocalEngine
-from loadwise.vllm.plugin import AdaptiveObserver
 
 WINDOW_S = 5.0
 TIMELINE_STEP_S = 0.25

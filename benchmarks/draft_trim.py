@@ -49,15 +49,16 @@ from acceptance_replay import newest_ngram_profile, plot
 from results_io import write_result
 
 from loadwise.config.binding import ALL, CpuBinding
-from loadwise.config.engine import DraftGateConfig, EngineSpec, parse_table_arg
+from loadwise.config.engine import EngineSpec, parse_table_arg
 from loadwise.drafter.run import read_meta
+from loadwise.gate.config import DraftGateConfig
+from loadwise.gate.engine import read_gate_state
 from loadwise.measure.prom import fetch_metrics, spec_counters
 from loadwise.measure.serving import cpu_by_role, read_counters
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA
 from loadwise.provenance import provenance
-from loadwise.vllm.draft_gate import read_gate_state
 from loadwise.vllm.server import ServerProcess
 
 K = 3
@@ -143,20 +144,19 @@ def main() -> None:
                                 table=parse_table_arg(args.table, K))
     specs = {
         "off": base,
-        **{n: dataclasses.replace(eagle, draft_gate=DraftGateConfig(
-            state_file=str(state_dir / f"{n}.json"), history_alpha=args.history_alpha))
+        **{n: eagle.with_extension(DraftGateConfig(
+            estimate=True, state_file=str(state_dir / f"{n}.json"), history_alpha=args.history_alpha))
            for n in ("table", "table-b")},
-        "trim": dataclasses.replace(eagle, draft_gate=DraftGateConfig(
+        "trim": eagle.with_extension(DraftGateConfig(
             trim_profile=profile, state_file=str(state_dir / "trim.json"),
             history_alpha=args.history_alpha, min_survival=args.min_survival)),
         "ngram": dataclasses.replace(base, spec_method="ngram", max_k=K,
                                      table=parse_table_arg(args.table, K)),
     }
     if args.alt_head:
-        specs["alt"] = dataclasses.replace(eagle, draft_model=args.alt_head,
-                                           draft_gate=DraftGateConfig(
-                                               state_file=str(state_dir / "alt.json"),
-                                               history_alpha=args.history_alpha))
+        specs["alt"] = dataclasses.replace(eagle, draft_model=args.alt_head).with_extension(
+            DraftGateConfig(estimate=True, state_file=str(state_dir / "alt.json"),
+                            history_alpha=args.history_alpha))
     names = [n for n in specs if n in wanted]
     made_by = provenance()
     workload = resolve("sharegpt")

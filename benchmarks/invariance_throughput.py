@@ -24,6 +24,7 @@ from results_io import write_result
 
 from loadwise.config.binding import ALL, CpuBinding
 from loadwise.config.engine import EngineSpec
+from loadwise.invariance.config import InvarianceConfig
 from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
 from loadwise.model import prepare
@@ -57,7 +58,7 @@ def main() -> None:
     base = EngineSpec(model=str(prepare().path), spec_method=None, max_num_seqs=max(loads),
                       kv_cache_space_gib=2, enforce_eager=args.enforce_eager,
                       cpu_binding=CpuBinding.parse(ALL))
-    specs = {m: dataclasses.replace(base, batch_invariant=m == "invariant") for m in MODES}
+    specs = {m: dataclasses.replace(base, extensions=(InvarianceConfig(on=True),) if m == "invariant" else ()) for m in MODES}
     made_by = provenance()
     servers: dict[str, ServerProcess] = {}
     windows: list[dict[str, Any]] = []

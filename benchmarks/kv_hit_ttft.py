@@ -47,7 +47,7 @@ def main() -> None:
     spec = EngineSpec(model=str(prepare().path), spec_method=None, enforce_eager=True,
                       max_num_seqs=4, max_model_len=4096, kv_cache_space_gib=1,
                       cpu_binding=CpuBinding.parse(args.cpu_binding),
-                      kv_store=KvStoreConfig(store, 2.0))
+                      extensions=(KvStoreConfig(store, 2.0),))
     engine = LocalEngine(spec)
     one = SamplingParams(max_tokens=1, temperature=0)
     samples: dict[str, list[float]] = {"computed": [], "local": [], "store": []}

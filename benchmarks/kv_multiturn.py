@@ -265,11 +265,11 @@ def spec_for(config: str, base: EngineSpec, store: Path, memory_gib: float) -> E
         return replace(base, server_extra_args=base.server_extra_args
                        + ("--kv-transfer-config", json.dumps(transfer)))
     if config == "files":
-        return replace(base, kv_store=KvStoreConfig(str(store), 8.0))
+        return base.with_extension(KvStoreConfig(str(store), 8.0))
     if config == "extents":
-        return replace(base, kv_store=KvStoreConfig(str(store), 8.0, medium="extents"))
+        return base.with_extension(KvStoreConfig(str(store), 8.0, medium="extents"))
     if config in ("flat", "tiered"):
-        return replace(base, kv_store=KvStoreConfig(str(store), 8.0, memory_gib, config))
+        return base.with_extension(KvStoreConfig(str(store), 8.0, memory_gib, config))
     if config in DISAGG:  # started by `loadwise serve --disagg` (serving)
         return base
     raise ValueError(f"unknown configuration {config!r}")

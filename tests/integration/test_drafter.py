@@ -15,12 +15,13 @@ import pytest
 
 from loadwise.config import env as envvars
 from loadwise.config.binding import CpuBinding
-from loadwise.config.engine import DraftGateConfig, EngineSpec
+from loadwise.config.engine import EngineSpec
 from loadwise.drafter.head import META_FILE
+from loadwise.gate.config import DraftGateConfig
+from loadwise.gate.engine import read_gate_state
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import builtin
-from loadwise.vllm.draft_gate import read_gate_state
 
 from .conftest import CPU_BINDING
 
@@ -76,9 +77,9 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     drafted = {}
     gates = {}
     for name, spec, fail_after in (("off", base, None),
-                                   ("trim", dataclasses.replace(eagle, draft_gate=gate), None),
-                                   ("floor", dataclasses.replace(eagle, draft_gate=floor), None),
-                                   ("failed", dataclasses.replace(eagle, draft_gate=gate), 3)):
+                                   ("trim", eagle.with_extension(gate), None),
+                                   ("floor", eagle.with_extension(floor), None),
+                                   ("failed", eagle.with_extension(gate), 3)):
         if fail_after is not None:
             monkeypatch.setenv(envvars.GATE_FAIL_AFTER_OFFERS.name, str(fail_after))
         engine = LocalEngine(spec)

@@ -23,8 +23,8 @@ def _engine(model_dir: str, store: Path, memory_gib: float = 0.0,
 
     spec = EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=4,
                       kv_cache_space_gib=1, extra=dict(extra),
-                      kv_store=KvStoreConfig(str(store), 1.0, memory_gib, policy,
-                                             medium=medium),
+                      extensions=(KvStoreConfig(str(store), 1.0, memory_gib, policy,
+                                                medium=medium),),
                       cpu_binding=CpuBinding.parse(CPU_BINDING))
     return LocalEngine(spec)
 

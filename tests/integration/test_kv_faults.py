@@ -32,7 +32,7 @@ PROMPTS = [f"Write a detailed story about {t}. Describe the place, the people, t
 def _spec(model_dir: str, store: Path | None) -> EngineSpec:
     return EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=8,
                       kv_cache_space_gib=1, cpu_binding=CpuBinding.parse(CPU_BINDING),
-                      kv_store=KvStoreConfig(str(store), 1.0) if store else None)
+                      extensions=(KvStoreConfig(str(store), 1.0),) if store else ())
 
 
 def _complete(url: str, model: str, prompt: str, max_tokens: int = 24) -> str:

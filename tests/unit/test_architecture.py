@@ -49,6 +49,18 @@ def test_a_pure_module_importing_torch_breaks_a_contract(copy: Path) -> None:
     assert "loadwise.policy.table -> torch" in out.stdout
 
 
+def test_a_new_capabilitys_config_is_pure_by_pattern_without_editing_a_list(copy: Path) -> None:
+    """A capability package that did not exist when the contract was written: its config and
+    extension modules are covered by the ``loadwise.*.config`` / ``*.extension`` patterns."""
+    pkg = copy / "src" / "loadwise" / "newcap"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("import torch  # noqa\n")
+    out = lint(copy)
+    assert out.returncode != 0
+    assert "loadwise.newcap.config -> torch" in out.stdout
+
+
 def test_an_upward_import_and_the_cycle_it_makes_break_the_contracts(copy: Path) -> None:
     plant(copy, "loadwise.config.platform", "from loadwise.cli import common  # noqa")
     out = lint(copy)

@@ -7,7 +7,8 @@ import pytest
 from loadwise.cli import main
 from loadwise.config import env as envvars
 from loadwise.config.engine import EngineSpec
-from loadwise.invariance import mode as invariant_mode
+from loadwise.invariance import config as invariant_mode
+from loadwise.invariance.config import InvarianceConfig
 
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("yes", True),
@@ -25,7 +26,7 @@ def test_refused_on_gpu_and_next_to_vllms_own_switch() -> None:
 
 
 def test_the_engine_gets_the_specs_mode_whatever_the_shell_says(model_stub: object) -> None:
-    on = EngineSpec(model=str(model_stub), batch_invariant=True)
+    on = EngineSpec(model=str(model_stub), extensions=(InvarianceConfig(on=True),))
     off = EngineSpec(model=str(model_stub))
     assert on.env({})[envvars.BATCH_INVARIANT.name] == "1"
     assert envvars.BATCH_INVARIANT.name not in off.env({envvars.BATCH_INVARIANT.name: "1"})

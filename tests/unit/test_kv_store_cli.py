@@ -108,7 +108,7 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
     kv = KvStoreConfig(str(tmp_path / "store"), 2.0)
     check_usable(kv.store_dir)
     assert (tmp_path / "store" / "blocks").is_dir()
-    args = EngineSpec(model=model_dir, spec_method=None, kv_store=kv).server_args("127.0.0.1", 1)
+    args = EngineSpec(model=model_dir, spec_method=None, extensions=(kv,)).server_args("127.0.0.1", 1)
     cfg = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert cfg["kv_connector_module_path"] == "loadwise.kvstore.connector"
     assert cfg["kv_load_failure_policy"] == "recompute"
@@ -180,12 +180,13 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
     kv = KvStoreConfig(str(tmp_path / "store"), 2.0)
     specs = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None), kv, (0, 1))
     assert specs.prefill.cpu_binding.cores == (0,) and specs.decode.cpu_binding.cores == (1,)
-    assert specs.prefill.kv_store is not None and specs.decode.kv_store is not None
-    assert specs.prefill.kv_store.sync_saves and not specs.decode.kv_store.sync_saves
-    assert (specs.prefill.kv_store.engine, specs.decode.kv_store.engine) == ("prefill", "decode")
-    assert specs.prefill.kv_store.store_dir == specs.decode.kv_store.store_dir
-    assert specs.prefill.kv_store.capacity_gib == specs.decode.kv_store.capacity_gib == 1.0
-    assert specs.prefill.kv_store.pull_port is None
+    p_kv, d_kv = (s.extension(KvStoreConfig) for s in (specs.prefill, specs.decode))
+    assert p_kv is not None and d_kv is not None
+    assert p_kv.sync_saves and not d_kv.sync_saves
+    assert (p_kv.engine, d_kv.engine) == ("prefill", "decode")
+    assert p_kv.store_dir == d_kv.store_dir
+    assert p_kv.capacity_gib == d_kv.capacity_gib == 1.0
+    assert p_kv.pull_port is None
     assert specs.prefill.kv_cache_space_gib == specs.decode.kv_cache_space_gib == 4
     sized = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None,
                                              kv_cache_space_gib=0.25), kv, (0, 1),
@@ -196,11 +197,12 @@ def test_disagg_engines_split_the_cores_and_only_the_prefill_writes_on_the_step_
 
     pull = DisaggSpecs.from_spec(EngineSpec(model=model_dir, spec_method=None),
                                  replace(kv, handoff="pull"), (0, 1))
-    assert pull.prefill.kv_store is not None and pull.decode.kv_store is not None
-    assert pull.prefill.kv_store.pull_port and pull.decode.kv_store.pull_port is None
-    assert not pull.prefill.kv_store.sync_saves
-    assert pull.prefill.kv_store.transfer_config()["kv_connector_extra_config"][
-        "pull_port"] == pull.prefill.kv_store.pull_port
+    pull_p, pull_d = (s.extension(KvStoreConfig) for s in (pull.prefill, pull.decode))
+    assert pull_p is not None and pull_d is not None
+    assert pull_p.pull_port and pull_d.pull_port is None
+    assert not pull_p.sync_saves
+    assert pull_p.transfer_config()["kv_connector_extra_config"][
+        "pull_port"] == pull_p.pull_port
     with pytest.raises(EngineConfigError, match="handoff"):
         replace(kv, handoff="pigeon")
     with pytest.raises(EngineConfigError, match="--no-kv-reuse needs --handoff pull"):

@@ -249,7 +249,7 @@ def test_ordering_runs_on_the_scheduler_vllm_runs_the_drafter_with(
     from loadwise.config.engine import EngineSpec
 
     (tmp_path / "config.json").write_text("{}")
-    spec = EngineSpec(model=str(tmp_path), spec_method=spec_method, schedule=SRPT,
+    spec = EngineSpec(model=str(tmp_path), spec_method=spec_method, extensions=(SRPT,),
                       draft_model=str(tmp_path) if spec_method == "eagle" else None)
     module, _, name = spec.scheduler_cls().rpartition(".")
     assert name == cls

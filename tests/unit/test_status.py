@@ -72,9 +72,9 @@ def test_status_shows_the_draft_gate_exported_from_its_state_file(
     `loadwise status` reads them back from /metrics."""
     import prometheus_client
 
+    from loadwise.gate.engine import EngineGate
     from loadwise.policy.acceptance import AcceptanceEstimator
     from loadwise.policy.gate import DraftGate
-    from loadwise.vllm.draft_gate import EngineGate
     from loadwise.vllm.metrics import LoadwiseStatLogger
 
     gate = DraftGate(AcceptanceEstimator.create(2), lambda b, x: 0.01, explore_every=0)

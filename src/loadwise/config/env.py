@@ -29,6 +29,9 @@ class EnvVar:
     name: str
     doc: str
     test_only: bool = False  # a fault hook for tests: never set in production
+    # Set per engine by the capability that owns it (``EngineSpec.env``): an engine loadwise
+    # starts never inherits it from the environment it was started from.
+    engine_scoped: bool = False
 
     def raw(self, env: Env | None = None) -> str | None:
         """The value, None when unset or empty."""
@@ -78,21 +81,26 @@ HOME = EnvVar("LOADWISE_HOME", "where models and caches go (default: $XDG_CACHE_
 ALLOW_UNTESTED_VLLM = EnvVar("LOADWISE_ALLOW_UNTESTED_VLLM",
                              "1: run on a vLLM version loadwise was not tested with")
 ADAPTIVE_PROFILE = EnvVar("LOADWISE_ADAPTIVE_PROFILE",
-                          "a tune's profile.json: turns the adaptive table controller on")
+                          "a tune's profile.json: turns the adaptive table controller on",
+                          engine_scoped=True)
 ADAPTIVE_STATE_FILE = EnvVar("LOADWISE_STATE_FILE",
-                             "where the adaptive controller writes its state for /metrics")
+                             "where the adaptive controller writes its state for /metrics",
+                             engine_scoped=True)
 ADAPTIVE_CONFIG = EnvVar("LOADWISE_ADAPTIVE_CONFIG", "JSON object of AdaptiveConfig fields")
 ADAPTIVE_FAIL_AFTER_STEPS = EnvVar("LOADWISE_ADAPTIVE_FAIL_AFTER_STEPS",
                                    "the controller raises after this many steps", test_only=True)
 STEP_LOG = EnvVar("LOADWISE_STEP_LOG", "append every engine step as one JSON line to this file")
 DRAFT_GATE = EnvVar("LOADWISE_DRAFT_GATE",
                     'the draft gate\'s settings: {"trim_profile", "history_alpha", '
-                    '"min_survival"} (loadwise.vllm.draft_gate)')
+                    '"min_survival"} (loadwise.gate.engine)',
+                    engine_scoped=True)
 GATE_STATE_FILE = EnvVar("LOADWISE_GATE_STATE_FILE",
-                         "where the draft gate writes its state for /metrics")
+                         "where the draft gate writes its state for /metrics",
+                         engine_scoped=True)
 GATE_FAIL_AFTER_OFFERS = EnvVar("LOADWISE_GATE_FAIL_AFTER_OFFERS",
                                 "the gate raises after this many offers", test_only=True)
-BATCH_INVARIANT = EnvVar("LOADWISE_BATCH_INVARIANT", "1: batch-invariant mode (vllm-cpu)")
+BATCH_INVARIANT = EnvVar("LOADWISE_BATCH_INVARIANT", "1: batch-invariant mode (vllm-cpu)",
+                         engine_scoped=True)
 BATCH_INVARIANT_FORCE_KERNEL = EnvVar(
     "LOADWISE_BATCH_INVARIANT_FORCE_KERNEL",
     "stock: the invariant attention keeps vLLM's kernel (for the checker's A/B runs)")
@@ -109,10 +117,12 @@ IGNORE_LAST_SETTINGS = EnvVar("LOADWISE_IGNORE_LAST_SETTINGS",
 
 SCHEDULE = EnvVar("LOADWISE_SCHEDULE",
                   "JSON ScheduleConfig: the engine orders requests by predicted remaining work "
-                  "(loadwise.sched.engine)")
+                  "(loadwise.sched.engine)",
+                  engine_scoped=True)
 LENGTH_FEATURES = EnvVar("LOADWISE_LENGTH_FEATURES",
                          "predictor directory: the model worker refines each request's length "
-                         "prediction from its final hidden state (loadwise.sched.worker)")
+                         "prediction from its final hidden state (loadwise.sched.worker)",
+                         engine_scoped=True)
 
 EMULATE_ISA = EnvVar("LOADWISE_EMULATE_ISA",
                      "avx2: loadwise's CPU rules, and the vLLM engines it starts, run as on an "
@@ -125,3 +135,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     BATCH_INVARIANT, BATCH_INVARIANT_FORCE_KERNEL, PULL_FAULTS, PULL_LEASE_S, NO_WARMUP,
     SCHEDULE, LENGTH_FEATURES, IGNORE_LAST_SETTINGS, EMULATE_ISA,
 )
+
+
+def engine_scoped() -> tuple[EnvVar, ...]:
+    """The variables each engine gets from its own spec, never from its parent's environment."""
+    return tuple(v for v in REGISTRY if v.engine_scoped)

@@ -4,10 +4,12 @@ Python, no store code: the connector (``loadwise.kvstore.connector``) reads the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwise.config.extension import flag
 from loadwise.errors import EngineConfigError
 from loadwise.policy.placement import POLICIES
 
@@ -23,10 +25,24 @@ KV_MEDIA = ("files", "extents")
 class KvStoreConfig:
     """loadwise's KV store behind vLLM's connector interface (``loadwise.kvstore.connector``)."""
 
-    store_dir: str
-    capacity_gib: float = KV_SSD_GIB_DEFAULT  # the files
-    memory_gib: float = 0.0  # the worker's memory tier (0: none, every block to the files)
-    policy: str = "flat"  # placement between the two (loadwise.policy.placement)
+    store_dir: str = flag("--kv-store", metavar="DIR")
+    """keep KV blocks in loadwise's store in DIR: a chat's next turn and a restarted server load
+    stored prefixes instead of recomputing them"""
+    capacity_gib: float = flag("--kv-ssd-gib", KV_SSD_GIB_DEFAULT)
+    """capacity of the store on disk (either medium); least recently used blocks are deleted
+    beyond it"""
+    memory_gib: float = flag("--kv-memory-gib", 0.0)
+    """memory tier of the store in the engine process (default 0: every block goes to the disk;
+    the page cache still serves recent ones)"""
+    policy: str = flag("--kv-policy", "flat", choices=sorted(POLICIES))
+    """placement between memory and disk: flat (decided when a block is created; never moves)
+    or tiered (memory first, evicted to the disk, promoted on a hit)"""
+    medium: str = flag("--kv-medium", "files", choices=KV_MEDIA)
+    """how the store keeps blocks on disk: files (one per block) or extents (each session's
+    blocks appended to its extent, one journal per engine)"""
+    direct_reads: bool = flag("--kv-direct-reads", False)
+    """--kv-medium extents: read blocks with O_DIRECT, so a read from the disk costs what the
+    disk does (not served from the page cache)"""
     # Write saves before the step ends instead of on the writer thread: a disaggregated
     # prefill engine's answer then implies its blocks are in the store.
     sync_saves: bool = False
@@ -40,11 +56,6 @@ class KvStoreConfig:
     # Keep blocks for later turns (prefix reuse across requests and restarts). Off, nothing is
     # looked up or saved: only with a pull or push handoff, where the store is not the handoff.
     reuse: bool = True
-    # Where stored blocks live on disk: "files" (one file per block) or "extents" (each
-    # session's blocks appended to its extent, one journal per engine: the replay's medium).
-    medium: str = "files"
-    # Extents only: read with O_DIRECT (a read from the disk is not served by the page cache).
-    direct_reads: bool = False
 
     def __post_init__(self) -> None:
         if not self.capacity_gib > 0:
@@ -65,6 +76,24 @@ class KvStoreConfig:
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
+
+    def check_engine(self, spec: Any) -> None:
+        """Nothing to check against the engine: any engine takes the store."""
+
+    def scheduler_cls(self, async_scheduling: bool) -> str | None:
+        return None
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def server_args(self, spec: Any) -> list[str]:
+        # vLLM's default shutdown timeout (0) kills the engine's processes at once on stop:
+        # the connector's queued writes and memory tier would never reach the disk.
+        return ["--kv-transfer-config", json.dumps(self.transfer_config()),
+                "--shutdown-timeout", str(KV_SHUTDOWN_TIMEOUT_S)]
+
+    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
+        return {"kv_transfer_config": self.transfer_config()}
 
     def transfer_config(self) -> dict[str, Any]:
         return {"kv_connector": "FlatKVConnector",

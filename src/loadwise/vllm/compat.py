@@ -301,7 +301,7 @@ def dummy_forward(worker: Any) -> None:
     worker.model_runner.profile_run()
 
 
-# --- draft gate (worker side, loadwise.vllm.draft_features) ------------------------------------
+# --- draft gate (worker side, loadwise.gate.worker) ------------------------------------
 # The model runner's methods that propose drafts after a step and hand them to the scheduler.
 RUNNER_PROPOSE = "propose_draft_token_ids"
 RUNNER_TAKE_DRAFTS = "take_draft_token_ids"

@@ -3,7 +3,7 @@
 The controller runs in the engine-core process and writes a small JSON state file; this logger
 reads it at most once a second (on vLLM's per-step ``record`` calls) and mirrors it into
 Prometheus gauges in the API server's registry, which vLLM serves on ``/metrics``.
-The draft gate (``loadwise.vllm.draft_gate``) writes its own state file
+The draft gate (``loadwise.gate.engine``) writes its own state file
 (``LOADWISE_GATE_STATE_FILE``): the estimator's live AUC, calibration bins and trimming counts.
 Without either file it does nothing.
 """
@@ -18,8 +18,7 @@ import prometheus_client
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from loadwise.config import env as envvars
-from loadwise.vllm.draft_gate import read_gate_state
-from loadwise.vllm.plugin import read_state
+from loadwise.vllm.state_file import read_state_file
 
 logger = logging.getLogger("loadwise.metrics")
 REFRESH_S = 1.0
@@ -99,7 +98,7 @@ class LoadwiseStatLogger(StatLoggerBase):
             self.refresh_gate()
         if not self.path:
             return
-        state = read_state(self.path)
+        state = read_state_file(self.path, envvars.ADAPTIVE_STATE_FILE)
         if state is None or state.get("updated_s") == self.last_updated_s:
             return
         self.last_updated_s = state.get("updated_s")
@@ -120,7 +119,7 @@ class LoadwiseStatLogger(StatLoggerBase):
         g["up"].set(1 if state.get("status") == "adaptive" else 0)
 
     def refresh_gate(self) -> None:
-        state = read_gate_state(self.gate_path)
+        state = read_state_file(self.gate_path, envvars.GATE_STATE_FILE)
         if state is None or state.get("updated_s") == self.gate_updated_s:
             return
         self.gate_updated_s = state.get("updated_s")

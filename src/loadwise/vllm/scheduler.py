@@ -8,7 +8,7 @@ Everything vLLM does is unchanged; the adapter keeps three things and composes t
     dense list once per ``schedule()``, so replacing the reference is atomic under the GIL,
   * step recording (``loadwise.vllm.step_recorder``): each step's record goes to the step
     observers (the tuner, the adaptive controller, the step log),
-  * the draft gate slot: when a hook attaches one (``loadwise.vllm.draft_gate``), the worker's
+  * the draft gate slot: when a hook attaches one (``loadwise.gate.engine``), the worker's
     drafts pass through its ``offer`` and each verification outcome reaches its ``verified``.
 
 Everything else is a hook (``loadwise.vllm.scheduler_hooks``) that the plugin registers and

@@ -78,14 +78,12 @@ class ServerProcess:
         spec: EngineSpec,
         host: str = "127.0.0.1",
         port: int | None = None,
-        extra_env: dict[str, str] | None = None,
         log_path: Path | None = None,
         echo: bool = False,
     ) -> None:
         self.spec = spec
         self.host = host
         self.port = port or free_port()
-        self.extra_env = extra_env or {}
         self.log_path = log_path
         self.echo = echo
         self.proc: subprocess.Popen[bytes] | None = None
@@ -115,7 +113,6 @@ class ServerProcess:
         """Start the server process and return at once (see :meth:`wait_ready`)."""
         compat.check_vllm_version()
         env = self.spec.env()
-        env.update(self.extra_env)
         self.proc = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() signals all of vLLM

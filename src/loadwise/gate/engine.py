@@ -28,11 +28,11 @@ from typing import Any
 from loadwise.config import env as envvars
 from loadwise.config.platform import on_cpu
 from loadwise.config.serving import settings_from_env
+from loadwise.gate.worker import features_of
 from loadwise.measure.profile import load_checked_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, AcceptanceEstimator
 from loadwise.policy.gate import DraftGate
 from loadwise.vllm import compat
-from loadwise.vllm.draft_features import features_of
 from loadwise.vllm.state_file import read_state_file, write_state_file
 
 logger = logging.getLogger("loadwise.gate")
