@@ -213,7 +213,7 @@ def test_failing_plugin_leaves_engine_serving_static_table(engine, tiny_profile:
     steps = [json.loads(line) for line in step_log.read_text().splitlines()]
     why = f"state: {state}\n{len(steps)} steps logged\nlog:\n{log[-4000:]}"
     assert first == second and all(first)
-    assert "adaptive controller failed; back to the static table" in log, why
+    assert "adaptive controller failed while updating the table; off, back to the static table" in log, why
     assert json.loads(state)["status"] == "failed", why
     assert len(steps) > 15
     assert all(s["k_next"] == MAX_K for s in steps[16:] if s["num_prefill_tokens"] == 0)

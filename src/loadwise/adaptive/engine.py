@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.config.platform import on_cpu
 from loadwise.config.serving import settings_from_env
 from loadwise.measure.profile import load_checked_profile
@@ -63,31 +64,33 @@ class AdaptiveObserver:
         self.controller = controller
         self.static_table = static_table
         self.state_path = state_path
-        self.failed = False
+        self.guard = FailOpen("adaptive controller", logger, on_off=self._restore,
+                              then=f"back to the static table {static_table}")
+        self._scheduler: Any = None
         self.fail_after = envvars.ADAPTIVE_FAIL_AFTER_STEPS.integer(0)
         self.history: list[dict[str, Any]] = []
         # Time spent inside the observer (on the engine's step path): its overhead, exactly.
         self.busy_s = 0.0
         self.calls = 0
 
+    @property
+    def failed(self) -> bool:
+        return self.guard.off
+
     def __call__(self, record: StepRecord, scheduler: Any) -> None:
-        if self.failed:
+        if self.guard.off:
             return
+        self._scheduler = scheduler
         t0 = time.perf_counter()
-        try:
+        with self.guard("updating the table"):
             self._step(record, scheduler)
-        except Exception:
-            self.failed = True
-            logger.exception("loadwise: adaptive controller failed; back to the static table %s",
-                             self.static_table)
-            try:
-                scheduler.set_table(self.static_table.to_vllm())
-                self._write_state(status="failed")
-            except Exception:
-                logger.exception("loadwise: could not restore the static table")
-        finally:
-            self.busy_s += time.perf_counter() - t0
-            self.calls += 1
+        self.busy_s += time.perf_counter() - t0
+        self.calls += 1
+
+    def _restore(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.set_table(self.static_table.to_vllm())
+        self._write_state(status="failed")
 
     def _step(self, record: StepRecord, scheduler: Any) -> None:
         if self.fail_after and self.controller.steps >= self.fail_after:
@@ -131,8 +134,8 @@ class AdaptiveObserver:
 
 
 def attach_controller(scheduler: Any) -> None:
-    """Scheduler init hook (engine-core process). Problems are logged; the engine keeps its
-    static table."""
+    """Scheduler init hook (engine-core process), run in the plugin's guard. A refused profile
+    is logged; the engine keeps its static table."""
     path = envvars.ADAPTIVE_PROFILE.raw()
     if not path or compat.num_spec_tokens(scheduler) <= 0 or scheduler.loadwise_table is None:
         if path:
@@ -150,11 +153,6 @@ def attach_controller(scheduler: Any) -> None:
                                         adaptive_config_from_env())
     except ValueError as exc:  # ProfileError and BindingError among them
         logger.error("loadwise: adaptive tables are OFF, serving the static table: %s", exc)
-        return
-    except Exception:
-        # Never take the engine down: anything unexpected leaves the static table in force.
-        logger.exception("loadwise: adaptive tables are OFF (unexpected error), serving the "
-                         "static table")
         return
     observer = AdaptiveObserver(controller, static, envvars.ADAPTIVE_STATE_FILE.raw())
     scheduler.loadwise_observers.append(observer)

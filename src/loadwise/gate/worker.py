@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from loadwise.config.extension import FailOpen
 from loadwise.vllm import compat
 
 logger = logging.getLogger("loadwise.draft_features")
@@ -32,15 +33,12 @@ FEATURES_ATTR = "loadwise_max_probs"
 class _Recorder:
     def __init__(self) -> None:
         self.active = False
-        self.broken = False
+        # Off: no more features; the scheduler's gate then keeps every draft the table gave.
+        self.guard = FailOpen("draft features", logger,
+                              then="drafts are verified as the table gives them")
         self.rows: list[Any] = []  # one tensor [num_rows] per draft position
         self.ready: tuple[list[str], list[list[float]]] | None = None
 
-    def fail(self, what: str) -> None:
-        if not self.broken:
-            self.broken = True
-            logger.exception("loadwise: draft features off (%s); drafts are verified as the "
-                             "table gives them", what)
 
 
 def max_prob(logits: Any) -> Any:
@@ -67,11 +65,9 @@ def install(runner: Any) -> None:
 
     def recording_compute_logits(*args: Any, **kwargs: Any) -> Any:
         logits = compute_logits(*args, **kwargs)
-        if rec.active and not rec.broken:
-            try:
+        if rec.active and rec.guard.on:
+            with rec.guard("computing a draft's max probability"):
                 rec.rows.append(max_prob(logits))
-            except Exception:  # noqa: BLE001 - never raise into the proposer
-                rec.fail("computing a draft's max probability")
         return logits
 
     def bracketed_propose(*args: Any, **kwargs: Any) -> Any:
@@ -82,24 +78,19 @@ def install(runner: Any) -> None:
             out = propose(*args, **kwargs)
         finally:
             rec.active = False
-        if not rec.broken and rec.rows:
-            try:
-                rec.ready = _collect(rec.rows, compat.batch_req_ids(runner))
-            except Exception:  # noqa: BLE001
-                rec.fail("collecting draft features")
+        if rec.guard.on and rec.rows:
+            rec.ready = rec.guard.call("collecting draft features", _collect, rec.rows,
+                                       compat.batch_req_ids(runner))
         rec.rows = []
         return out
 
     def take_with_features(*args: Any, **kwargs: Any) -> Any:
         out = take(*args, **kwargs)
         ready, rec.ready = rec.ready, None
-        if out is not None and ready is not None and not rec.broken:
-            try:
-                req_ids, feats = ready
-                by_id = dict(zip(req_ids, feats))
+        if out is not None and ready is not None and rec.guard.on:
+            with rec.guard("attaching draft features"):
+                by_id = dict(zip(*ready))
                 setattr(out, FEATURES_ATTR, [by_id.get(rid, []) for rid in out.req_ids])
-            except Exception:  # noqa: BLE001
-                rec.fail("attaching draft features")
         return out
 
     model.compute_logits = recording_compute_logits

@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Any
 
+from loadwise.config.extension import FailOpen
 from loadwise.config.schedule import ScheduleConfig
 from loadwise.sched.order import RequestView, preemptions, priority
 from loadwise.sched.predictor import LengthPredictor, OracleLengths, load_predictor
@@ -134,65 +135,57 @@ class _OrderingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loadwise_ordering: Ordering | None = None
-        try:
-            cfg = ScheduleConfig.from_env()
-            if cfg is None or not cfg.ordered:
-                logger.warning("loadwise: OrderingScheduler without an ordered LOADWISE_SCHEDULE:"
-                               " first come, first served")
-                return
-            if compat.scheduling_policy(self) != "priority":
-                logger.error("loadwise: --schedule %s needs vLLM's priority policy "
-                             "(--scheduling-policy priority); first come, first served",
-                             cfg.policy)
-                return
-            self.loadwise_ordering = Ordering(cfg, load_predictor(cfg))
-            logger.info("loadwise: requests ordered by predicted remaining work (%s, %s)",
-                        cfg.policy, cfg.predictor_dir or cfg.oracle_file)
-        except Exception:
-            logger.exception("loadwise: ordering off (could not start); first come, first served")
+        # Off: every priority back to 0, first come, first served from then on.
+        self._lw_ordering_guard = FailOpen("ordering", logger, on_off=self._lw_unorder)
+        self.loadwise_ordering = self._lw_ordering_guard.call("starting", self._lw_start)
+
+    def _lw_start(self) -> Ordering | None:
+        cfg = ScheduleConfig.from_env()
+        if cfg is None or not cfg.ordered:
+            logger.warning("loadwise: OrderingScheduler without an ordered LOADWISE_SCHEDULE: "
+                           "first come, first served")
+            return None
+        if compat.scheduling_policy(self) != "priority":
+            logger.error("loadwise: --schedule %s needs vLLM's priority policy "
+                         "(--scheduling-policy priority); first come, first served", cfg.policy)
+            return None
+        logger.info("loadwise: requests ordered by predicted remaining work (%s, %s)",
+                    cfg.policy, cfg.predictor_dir or cfg.oracle_file)
+        return Ordering(cfg, load_predictor(cfg))
+
+    def _lw_active(self) -> Ordering | None:
+        return self.loadwise_ordering if self._lw_ordering_guard.on else None
 
     def add_request(self, request: Any) -> None:
-        if self.loadwise_ordering is not None:
-            try:
-                self.loadwise_ordering.arrive(request)
-            except Exception:  # noqa: BLE001
-                self._lw_ordering_off("predicting a request's length")
+        if (ordering := self._lw_active()) is not None:
+            with self._lw_ordering_guard("predicting a request's length"):
+                ordering.arrive(request)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self.loadwise_ordering is not None:
-            try:
-                self.loadwise_ordering.before_schedule(self)
-            except Exception:  # noqa: BLE001
-                self._lw_ordering_off("ordering the queue")
+        if (ordering := self._lw_active()) is not None:
+            with self._lw_ordering_guard("ordering the queue"):
+                ordering.before_schedule(self)
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output)
-        ordering = self.loadwise_ordering
-        if ordering is not None:
-            try:
+        if (ordering := self._lw_active()) is not None:
+            with self._lw_ordering_guard("taking a step's output"):
                 ordering.after_output(model_runner_output)
                 if ordering.cfg.state_file and ordering.counts["steps"] % STATE_EVERY_STEPS == 0:
                     write_state_file(ordering.cfg.state_file, ordering.state("ordering"))
-            except Exception:  # noqa: BLE001
-                self._lw_ordering_off("taking a step's output")
         return result
 
-    def _lw_ordering_off(self, what: str) -> None:
+    def _lw_unorder(self) -> None:
         ordering, self.loadwise_ordering = self.loadwise_ordering, None
-        logger.exception("loadwise: ordering failed while %s; off, first come, first served",
-                         what)
-        try:
-            running = list(self.running)  # type: ignore[attr-defined]
-            for req in compat.waiting_requests(self) + running:
-                req.priority = 0
-            compat.reorder_waiting(self)
-            if ordering is not None and ordering.cfg.state_file:
-                write_state_file(ordering.cfg.state_file, ordering.state("failed"))
-        except Exception:
-            logger.exception("loadwise: could not reset the priorities")
+        running = list(self.running)  # type: ignore[attr-defined]
+        for req in compat.waiting_requests(self) + running:
+            req.priority = 0
+        compat.reorder_waiting(self)
+        if ordering is not None and ordering.cfg.state_file:
+            write_state_file(ordering.cfg.state_file, ordering.state("failed"))
 
 
 OrderingScheduler = mixed(_OrderingMixin, LoadwiseScheduler, "OrderingScheduler", __name__)

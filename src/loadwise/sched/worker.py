@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.sched.predictor import LengthPredictor
 from loadwise.vllm import compat
 
@@ -46,13 +47,8 @@ class _Refiner:
         self.refine = predictor.refine
         self.hidden: Any = None
         self.seen: set[str] = set()
-        self.broken = False
-
-    def fail(self, what: str) -> None:
-        if not self.broken:
-            self.broken = True
-            logger.exception("loadwise: length refinement off (%s); the scheduler keeps the "
-                             "arrival predictions", what)
+        self.guard = FailOpen("length refinement", logger,
+                              then="the scheduler keeps the arrival predictions")
 
     def outputs(self, out: Any) -> None:
         hidden, self.hidden = self.hidden, None
@@ -103,17 +99,13 @@ def install(runner: Any) -> None:
     original_sample = runner.sample_tokens
 
     def compute_logits(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-        if not refiner.broken:
+        if refiner.guard.on:
             refiner.hidden = hidden_states
         return original_logits(hidden_states, *args, **kwargs)
 
     def sample_tokens(*args: Any, **kwargs: Any) -> Any:
         out = original_sample(*args, **kwargs)
-        if not refiner.broken:
-            try:
-                refiner.outputs(out)
-            except Exception:  # noqa: BLE001
-                refiner.fail("refining a step's predictions")
+        refiner.guard.call("refining a step's predictions", refiner.outputs, out)
         return out
 
     model.compute_logits = compute_logits

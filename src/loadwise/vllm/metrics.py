@@ -18,6 +18,7 @@ import prometheus_client
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.vllm.state_file import read_state_file
 
 logger = logging.getLogger("loadwise.metrics")
@@ -76,22 +77,19 @@ class LoadwiseStatLogger(StatLoggerBase):
         self.last_refresh_s = 0.0
         self.last_updated_s: float | None = None
         self.gate_updated_s: float | None = None
-        self.broken = False
+        self.guard = FailOpen("metrics exporter", logger,
+                              then="loadwise's gauges (adaptive table, draft gate) are not "
+                              "exported")
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
-        if not (self.path or self.gate_path) or self.broken:
+        if not (self.path or self.gate_path) or self.guard.off:
             return
         now = time.monotonic()
         if now - self.last_refresh_s < REFRESH_S:
             return
         self.last_refresh_s = now
-        try:
-            self.refresh()
-        except Exception:
-            self.broken = True
-            logger.exception("loadwise: cannot export loadwise's metrics (adaptive table, draft "
-                             "gate); exporter off")
+        self.guard.call("refreshing the gauges", self.refresh)
 
     def refresh(self) -> None:
         if self.gate_path:

@@ -47,26 +47,26 @@ _isa_logged = False
 def _emulate_isa() -> None:
     """``LOADWISE_EMULATE_ISA``: vLLM's kernels as on that ISA. First, before any hook below
     imports vLLM's kernels; a process whose kernels were loaded already keeps them (logged)."""
+    extension.FailOpen("ISA emulation", logger, then="vLLM runs on the CPU's own kernels").call(
+        "capping the ISA", _hide_isa)
+
+
+def _hide_isa() -> None:
     global _isa_logged
-    try:
-        if cpu_kernels.emulated_isa() is None or not on_cpu():
-            return
-        if not compat.hide_isa_above_avx2() and not _isa_logged:
-            _isa_logged = True
-            ensure_log_handler()
-            logger.warning("loadwise: %s is set but vLLM's kernels were loaded before the "
-                           "plugin ran: this process keeps the CPU's own",
-                           envvars.EMULATE_ISA.name)
-    except Exception:
-        logger.exception("loadwise: ISA emulation failed; vLLM runs on the CPU's own kernels")
+    if cpu_kernels.emulated_isa() is None or not on_cpu():
+        return
+    if not compat.hide_isa_above_avx2() and not _isa_logged:
+        _isa_logged = True
+        ensure_log_handler()
+        logger.warning("loadwise: %s is set but vLLM's kernels were loaded before the plugin "
+                       "ran: this process keeps the CPU's own", envvars.EMULATE_ISA.name)
 
 
 def _register_extensions() -> None:
     """Every registered capability's hooks, loaded by module path (``config.extension``)."""
-    try:
-        extensions = extension.load_all()
-    except Exception:
-        logger.exception("loadwise: capabilities not loaded; vLLM runs without them")
+    extensions = extension.FailOpen("capability registry", logger).call(
+        "loading the capabilities", extension.load_all)
+    if extensions is None:
         return
     for ext in extensions:
         # Engine hooks always: each checks, at every scheduler start, whether that engine runs
@@ -128,10 +128,8 @@ class WorkerHook:
 def _register_warmup() -> None:
     if not on_cpu():
         return
-    try:
-        warmup.register()
-    except Exception:
-        logger.exception("loadwise: warm-up hook not registered; eager engines start unwarmed")
+    extension.FailOpen("warm-up", logger, then="eager engines start unwarmed").call(
+        "registering the warm-up hook", warmup.register)
 
 
 def _default_to_loadwise_scheduler() -> None:

@@ -15,8 +15,8 @@ Everything else is a hook (``loadwise.vllm.scheduler_hooks``) that the plugin re
 that attaches itself to these slots; this module imports no capability.
 
 Invariant: loadwise code never raises into vLLM. A failing hook is logged and skipped; a failure
-in recording or in an observer is logged once, that part is switched off, and the engine keeps
-the last table that was applied.
+in recording or in an observer is logged once by its ``FailOpen`` guard, that part is switched
+off, and the engine keeps the last table that was applied.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import logging
 import time
 from typing import Any
 
+from loadwise.config.extension import FailOpen
 from loadwise.vllm import compat
 from loadwise.vllm.scheduler_hooks import DraftFilter, run_init_hooks
 from loadwise.vllm.step_recorder import StepCounts, StepObserver, StepRecorder
@@ -44,7 +45,8 @@ class _LoadwiseMixin:
         self.loadwise_recorder = StepRecorder(k)
         self.loadwise_observers: list[StepObserver] = []
         self.loadwise_draft_gate: DraftFilter | None = None
-        self._lw_broken = False
+        # Recording off keeps the last table applied; vLLM schedules as it would without us.
+        self._lw_recording = FailOpen("step recording", logger)
         if k > 0 and not compat.has_dynamic_lookup(self):
             # A live table needs vLLM's dynamic path; start it as the static k it was.
             self.set_table([[1, compat.max_num_seqs(self), k]])
@@ -74,32 +76,23 @@ class _LoadwiseMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         start_s = time.perf_counter()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        if not self._lw_broken:
-            try:
-                self.loadwise_recorder.scheduled(out, start_s)
-            except Exception:  # noqa: BLE001
-                self._lw_break("recording a scheduled step")
+        self._lw_recording.call("recording a scheduled step", self.loadwise_recorder.scheduled,
+                                out, start_s)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        counts: StepCounts | None = None
-        if not self._lw_broken:
-            try:
-                counts = self.loadwise_recorder.count(scheduler_output, model_runner_output)
-            except Exception:  # noqa: BLE001
-                self._lw_break("counting accepted drafts")
+        rec = self.loadwise_recorder
+        counts: StepCounts | None = self._lw_recording.call(
+            "counting accepted drafts", rec.count, scheduler_output, model_runner_output)
         if counts is not None and self.loadwise_draft_gate is not None:
             self.loadwise_draft_gate.verified(counts.outcomes)  # never raises
         result = super().update_from_output(scheduler_output,  # type: ignore[misc]
                                             model_runner_output)
-        if counts is not None and not self._lw_broken:
-            try:
-                record = self.loadwise_recorder.finish(scheduler_output, counts)
-            except Exception:  # noqa: BLE001
-                self._lw_break("recording a finished step")
-            else:
-                if record is not None:
-                    self._lw_observe(record)
+        if counts is not None:
+            record = self._lw_recording.call("recording a finished step", rec.finish,
+                                             scheduler_output, counts)
+            if record is not None:
+                self._lw_observe(record)
         return result
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
@@ -109,18 +102,10 @@ class _LoadwiseMixin:
 
     def _lw_observe(self, record: Any) -> None:
         for observer in list(self.loadwise_observers):
-            try:
-                observer(record, self)
-            except Exception:
-                logger.exception("loadwise: step observer %r failed; removed", observer)
+            guard = FailOpen(f"step observer {observer!r}", logger)
+            guard.call("observing a step", observer, record, self)
+            if guard.off:
                 self.loadwise_observers.remove(observer)
-
-    def _lw_break(self, what: str) -> None:
-        self._lw_broken = True
-        logger.exception(
-            "loadwise: failed while %s; recording is off, the engine keeps table %s",
-            what, self.loadwise_table,
-        )
 
 
 def mixed(mixin: type, base: type[Any], name: str, module: str) -> type[Any]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.measure.records import StepRecord
 
 logger = logging.getLogger("loadwise.scheduler")
@@ -43,10 +44,7 @@ def add_init_hook(hook: InitHook) -> None:
 def run_init_hooks(scheduler: Any) -> None:
     """Every registered hook on ``scheduler``; a failing hook is logged and skipped."""
     for hook in _INIT_HOOKS:
-        try:
-            hook(scheduler)
-        except Exception:
-            logger.exception("loadwise: scheduler init hook %r failed; ignored", hook)
+        FailOpen(f"scheduler init hook {hook!r}", logger).call("attaching", hook, scheduler)
 
 
 def attach_step_log(scheduler: Any) -> None:

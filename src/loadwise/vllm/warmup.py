@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from loadwise.config import env as envvars
+from loadwise.config.extension import FailOpen
 from loadwise.vllm import compat
 from loadwise.vllm.logs import ensure_log_handler
 
@@ -29,12 +30,14 @@ def warm_eager_worker(worker: Any) -> None:
     if envvars.NO_WARMUP.flag():
         return
     ensure_log_handler()
-    try:
-        if not compat.is_eager(worker):
-            return  # vLLM warmed the compiled model itself
-        t0 = time.perf_counter()
-        compat.dummy_forward(worker)
-        logger.info("loadwise: eager model warmed up in %.1f s (one forward of the longest "
-                    "batch)", time.perf_counter() - t0)
-    except Exception:
-        logger.exception("loadwise: warm-up forward failed; the engine starts unwarmed")
+    FailOpen("warm-up forward", logger, then="the engine starts unwarmed").call(
+        "warming the model", _warm, worker)
+
+
+def _warm(worker: Any) -> None:
+    if not compat.is_eager(worker):
+        return  # vLLM warmed the compiled model itself
+    t0 = time.perf_counter()
+    compat.dummy_forward(worker)
+    logger.info("loadwise: eager model warmed up in %.1f s (one forward of the longest batch)",
+                time.perf_counter() - t0)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from loadwise.config.extension import FailOpen
 from loadwise.config.kvstore import KvStoreConfig
 from loadwise.kvstore import blockfile
 from loadwise.kvstore.connector.meta import FlatKVMetadata
@@ -45,7 +46,7 @@ class WorkerSide:
         self._block_nbytes = 0
         self._load_errors: set[int] = set()
         self._finished = Finished()  # the handoff's, until get_finished reports it
-        self._save_failed = False
+        self._saves = FailOpen("KV saves", logger, then="blocks are no longer saved; loads go on")
         self._step_t0: float | None = None
         self._logged_failure = False
         store.open_for_writing()
@@ -161,12 +162,9 @@ class WorkerSide:
             return
         self.handoff.after_forward(meta.handoff, self._finished)
         t0 = time.perf_counter()
-        if (meta.saves or meta.drops or meta.demotes) and not self._save_failed:
-            try:
-                self._save(meta)
-            except Exception:  # saving is an optimization: the engine goes on without it
-                self._save_failed = True
-                logger.exception("loadwise: staging a KV block failed; saves are off")
+        if meta.saves or meta.drops or meta.demotes:
+            # Saving is an optimization: the engine goes on without it.
+            self._saves.call("staging KV blocks", self._save, meta)
         now = time.perf_counter()
         self.counters.stage_s += now - t0
         if self._step_t0 is not None:
