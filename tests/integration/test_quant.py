@@ -137,15 +137,20 @@ def w8a8_exports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     yield paths
 
 
-def _harness_nll(session: Session, wins: Any, method: str,
-                 accumulation: str) -> tuple[float, float]:
+@pytest.fixture(scope="module")
+def fp_nll(session: Session, ptb_windows: Any) -> float:
+    """The float model's mean NLL over the windows (what int8 moves the harness by)."""
+    return _mean_nll(session.base, ptb_windows)
+
+
+def _harness_nll(session: Session, wins: Any, method: str, accumulation: str) -> float:
     """The harness's mean NLL over ``wins`` of the export's weights (read back from the same
-    finished run) with ``accumulation``, and the float model's."""
+    finished run) with ``accumulation``."""
     cfg = ExportConfig("w8a8", method, **QUICK_HESSIAN)
     model = session.quantized(EvalConfig(method, QuantSpec(cfg.weight_format,
                                                            cfg.activation_format),
                                          hessian=cfg.hessian, accumulation=accumulation), 0.5)
-    return _mean_nll(model, wins), _mean_nll(session.base, wins)
+    return _mean_nll(model, wins)
 
 
 def _mean_nll(model: Any, wins: Any) -> float:
@@ -164,7 +169,7 @@ def _mean_nll(model: Any, wins: Any) -> float:
                                              ("dualquant", "avx2")])
 def test_an_exported_w8a8_checkpoint_serves_with_the_harness_perplexity(
         tmp_path: Path, session: Session, ptb_windows: Any, w8a8_exports: dict[str, Path],
-        method: str, isa: str) -> None:
+        fp_nll: float, method: str, isa: str) -> None:
     """The hessian method's weights carry the scales it fixed (GPTQ's, clipped ranges): the
     engine reading them back computes what the harness simulated, with the integer sums this
     CPU's kernel makes. (On AVX2 the int16 pairs move DualQuant's perplexity by ~3 %, far
@@ -178,7 +183,7 @@ def test_an_exported_w8a8_checkpoint_serves_with_the_harness_perplexity(
         assert refused.returncode == 2 and "--runtime bf16" in refused.stderr
         return
     accumulation = cpu_kernels.int8_accumulation(_flags(env))
-    harness_nll, fp_nll = _harness_nll(session, ptb_windows, method, accumulation)
+    harness_nll = _harness_nll(session, ptb_windows, method, accumulation)
     proc, url, _ = _start_serve(tmp_path, "--model", str(out), "--spec-method", "none",
                                 "--max-model-len", "4096", env_extra=env)  # 2048-token windows
     try:
