@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.config import env as envvars
-from loadwise.config.extension import flag
+from loadwise.config.extension import EngineDefaults, flag
 from loadwise.errors import EngineConfigError
 from loadwise.measure.profile import load_checked_profile
 
 
 @dataclass(frozen=True, slots=True)
-class AdaptiveTablesConfig:
+class AdaptiveTablesConfig(EngineDefaults):
     """The live controller (``loadwise.adaptive.engine``) on a tune's profile."""
 
     on: bool = flag("--adaptive", False)
@@ -46,12 +46,3 @@ class AdaptiveTablesConfig:
         assert self.profile is not None
         return {envvars.ADAPTIVE_PROFILE.name: str(Path(self.profile).resolve()),
                 envvars.ADAPTIVE_STATE_FILE.name: str(self.state_path)}
-
-    def server_args(self, spec: Any) -> list[str]:
-        return []
-
-    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
-        return {}
-
-    def scheduler_cls(self, async_scheduling: bool) -> str | None:
-        return None

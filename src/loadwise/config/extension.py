@@ -111,6 +111,28 @@ class EngineExtension(Protocol):
     def scheduler_cls(self, async_scheduling: bool) -> str | None: ...
 
 
+class EngineDefaults:
+    """What a capability adds to an engine where it adds nothing: mixed into the configs that
+    only set variables (every method of :class:`EngineExtension`, each a no-op)."""
+
+    __slots__ = ()
+
+    def check_engine(self, spec: Any) -> None:
+        """Any engine takes the capability."""
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def server_args(self, spec: Any) -> list[str]:
+        return []
+
+    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
+        return {}
+
+    def scheduler_cls(self, async_scheduling: bool) -> str | None:
+        return None
+
+
 @dataclass(frozen=True)
 class Extension:
     """One capability as the command line and the engine see it.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwise.config.extension import flag
+from loadwise.config.extension import EngineDefaults, flag
 from loadwise.errors import EngineConfigError
 from loadwise.policy.placement import POLICIES
 
@@ -22,7 +22,7 @@ KV_MEDIA = ("files", "extents")
 
 
 @dataclass(frozen=True, slots=True)
-class KvStoreConfig:
+class KvStoreConfig(EngineDefaults):
     """loadwise's KV store behind vLLM's connector interface (``loadwise.kvstore.connector``)."""
 
     store_dir: str = flag("--kv-store", metavar="DIR")
@@ -76,15 +76,6 @@ class KvStoreConfig:
         if self.policy not in POLICIES:
             raise EngineConfigError(f"unknown --kv-policy {self.policy!r}: choose one of "
                                     f"{', '.join(sorted(POLICIES))}")
-
-    def check_engine(self, spec: Any) -> None:
-        """Nothing to check against the engine: any engine takes the store."""
-
-    def scheduler_cls(self, async_scheduling: bool) -> str | None:
-        return None
-
-    def env(self) -> dict[str, str]:
-        return {}
 
     def server_args(self, spec: Any) -> list[str]:
         # vLLM's default shutdown timeout (0) kills the engine's processes at once on stop:

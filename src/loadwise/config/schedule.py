@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.config import env as envvars
-from loadwise.config.extension import flag
+from loadwise.config.extension import EngineDefaults, flag
 from loadwise.errors import LoadwiseError
 
 SCHEDULES = ("fcfs", "sjf", "srpt")
@@ -23,7 +23,7 @@ class ScheduleConfigError(LoadwiseError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleConfig:
+class ScheduleConfig(EngineDefaults):
     """``sjf``: waiting requests by predicted work at arrival, never preempting (vLLM's priority
     policy fed with the prediction). ``srpt``: waiting and running requests by predicted
     remaining work, refined after the first decode step; a running request is preempted when
@@ -98,9 +98,6 @@ class ScheduleConfig:
         return ScheduleConfig(**{**asdict(self), "predictor_dir": absolute(self.predictor_dir),
                                  "oracle_file": absolute(self.oracle_file),
                                  "state_file": absolute(self.state_file)})
-
-    def check_engine(self, spec: Any) -> None:
-        """Ordering runs on vLLM's sync and async schedulers alike."""
 
     def scheduler_cls(self, async_scheduling: bool) -> str | None:
         if not self.ordered:

