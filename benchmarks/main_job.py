@@ -1,7 +1,5 @@
-"""The main job (`bash scripts/demo.sh`) timed from a fresh clone: a `git clone` of this
-checkout's HEAD into a new directory, with an empty pip cache, an empty model cache
-(LOADWISE_HOME) and empty XDG caches (vLLM's and torch's compile caches), as a user starting
-from nothing would run it. Writes ``benchmarks/results/main-job-<time>.json``: the wall time,
+"""The main job (`bash scripts/demo.sh`) timed from a fresh clone (``fresh_clone``: empty pip,
+model and XDG caches), as a user starting from nothing would run it. Writes ``benchmarks/results/main-job-<time>.json``: the wall time,
 the phases demo.sh prints (setup, model and head, tune), the tables chosen, the console's tail.
 
 Runs under any Python >= 3.11 without loadwise installed:
@@ -11,16 +9,14 @@ Runs under any Python >= 3.11 without loadwise installed:
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fresh_clone import run_fresh
 from results_io import write_result
 
 from loadwise.provenance import provenance
@@ -43,25 +39,11 @@ def parse_console(text: str) -> dict[str, Any]:
             "deployed": deployed}
 
 
-def run_fresh(repo: Path, work: Path, warm_pip: bool, extra: list[str],
-              timeout_s: float) -> dict[str, Any]:
-    clone = work / "loadwise"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(clone)], check=True)
-    # The user's own environment (pip's configuration and indexes included), with empty caches:
-    # pip's, loadwise's model directory and the XDG cache (vLLM's and torch's compile caches).
-    env = {**os.environ, "LOADWISE_HOME": str(work / "loadwise-home"),
-           "XDG_CACHE_HOME": str(work / "cache")}
-    env.pop("VIRTUAL_ENV", None)
-    env["PIP_CACHE_DIR"] = (str(Path.home() / ".cache" / "pip") if warm_pip
-                            else str(work / "pip-cache"))
-    t0 = time.monotonic()
-    proc = subprocess.run(["bash", "scripts/demo.sh", *extra], cwd=clone, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
-                          check=False)
-    wall_s = time.monotonic() - t0
-    (work / "console.log").write_text(proc.stdout)
-    return {"returncode": proc.returncode, "wall_s": round(wall_s, 1),
-            **parse_console(proc.stdout), "console_tail": proc.stdout[-6000:]}
+def run_main_job(repo: Path, work: Path, warm_pip: bool, extra: list[str],
+                 timeout_s: float) -> dict[str, Any]:
+    run = run_fresh(repo, work, ["bash", "scripts/demo.sh", *extra], warm_pip, timeout_s)
+    return {"returncode": run.returncode, "wall_s": run.wall_s, **parse_console(run.console),
+            "console_tail": run.console[-6000:]}
 
 
 def main() -> int:
@@ -74,7 +56,7 @@ def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     made_by = provenance()
     with tempfile.TemporaryDirectory(prefix="loadwise-fresh-") as tmp:
-        run = run_fresh(repo, Path(tmp), args.warm_pip, args.extra, args.timeout_s)
+        run = run_main_job(repo, Path(tmp), args.warm_pip, args.extra, args.timeout_s)
     payload = {**made_by, "config": {"pip_cache": "warm" if args.warm_pip else "empty",
                                      "model_cache": "empty", "xdg_cache": "empty",
                                      "demo_args": args.extra, "clone_of": made_by["git_sha"]},

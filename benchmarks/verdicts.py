@@ -56,6 +56,22 @@ def main_job_total_s(result: Result) -> Figure:
 
 
 @figure
+def test_command_wall_s(result: Result, isa: str | None = None) -> Figure:
+    """Wall time of `.ci/run` from a fresh clone; a run that failed did not pass in any time
+    (inf). ``isa``: only a run on a CPU of that label (AVX2, AVX-512+BF16, AMX) counts."""
+    machine = need(result, "machine")
+    if isa is not None and machine.get("isa") != isa:
+        raise NotApplicable(f"measured on {machine.get('isa')}, not {isa}")
+    stages = ", ".join(f"{sum(s['counts'].values())} tests {s['seconds']:.0f} s"
+                       for s in result.get("stages", []))
+    code = need(result, "returncode")
+    failed = "" if code == 0 else f"exit {code}; "
+    return Figure((float(result["wall_s"]) if code == 0 else float("inf"),),
+                  f"{failed}{stages}; {machine['cpu_model']} ({machine['isa']}); pip cache "
+                  f"{result['config']['pip_cache']}")
+
+
+@figure
 def evaluate_round_losses(result: Result, workload: str, load: int) -> Figure:
     """Per round, 1 - the table's tok/s / the strongest other fixed k's, from the load's
     confirmation (else the repeats' paired losses against the best fixed k)."""

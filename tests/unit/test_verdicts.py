@@ -159,15 +159,20 @@ def test_doc_blocks_are_rewritten_from_the_verdicts_of_their_group() -> None:
 
 
 def test_every_committed_target_has_a_verdict_and_the_docs_blocks_are_current() -> None:
-    """Runs on the committed results: every target is judged or says it has no result, and the
+    """Runs on the committed results: every target is judged (or waits for its CPU), and the
     README's and docs' generated blocks equal what `loadwise report verdicts --write-docs`
     writes now (a hand edit of a block, or a result that changes a verdict, fails here)."""
     if is_shallow(ROOT):
         pytest.skip("a shallow clone cannot say when targets were declared")
     verdicts = all_verdicts(ROOT)
     assert {v.verdict for v in verdicts} <= {"met", "missed", "unresolved"}
-    judged = [v for v in verdicts if v.file is not None]
-    assert len(judged) >= len(verdicts) - 1, [v.id for v in verdicts if v.file is None]
+    # Only a target that waits for a CPU this VM has not been given since it was declared (its
+    # figure takes the CPU's ``isa``), or one of the test command's own (this test runs inside
+    # the run that measures them), may have no result yet.
+    waiting = {t.id for t in load_targets(ROOT / "benchmarks" / "targets")
+               if "isa" in t.args or t.group == "ci"}
+    unjudged = {v.id for v in verdicts if v.file is None}
+    assert unjudged <= waiting, sorted(unjudged - waiting)
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     groups = set()
     for path in docs:
