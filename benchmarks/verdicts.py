@@ -62,7 +62,8 @@ def test_command_wall_s(result: Result, isa: str | None = None) -> Figure:
     machine = need(result, "machine")
     if isa is not None and machine.get("isa") != isa:
         raise NotApplicable(f"measured on {machine.get('isa')}, not {isa}")
-    stages = ", ".join(f"{sum(s['counts'].values())} tests {s['seconds']:.0f} s"
+    stages = "; ".join(", ".join(f"{n} {kind}" for kind, n in s["counts"].items()
+                                 if kind != "warnings") + f" in {s['seconds']:.0f} s"
                        for s in result.get("stages", []))
     code = need(result, "returncode")
     failed = "" if code == 0 else f"exit {code}; "
