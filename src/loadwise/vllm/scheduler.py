@@ -47,6 +47,7 @@ class _LoadwiseMixin:
         self.loadwise_draft_gate: DraftFilter | None = None
         # Recording off keeps the last table applied; vLLM schedules as it would without us.
         self._lw_recording = FailOpen("step recording", logger)
+        self._lw_observer_guards: dict[int, FailOpen] = {}
         if k > 0 and not compat.has_dynamic_lookup(self):
             # A live table needs vLLM's dynamic path; start it as the static k it was.
             self.set_table([[1, compat.max_num_seqs(self), k]])
@@ -102,7 +103,10 @@ class _LoadwiseMixin:
 
     def _lw_observe(self, record: Any) -> None:
         for observer in list(self.loadwise_observers):
-            guard = FailOpen(f"step observer {observer!r}", logger)
+            guard = self._lw_observer_guards.get(id(observer))
+            if guard is None:  # once per observer, off the step path after its first step
+                guard = FailOpen(f"step observer {observer!r}", logger)
+                self._lw_observer_guards[id(observer)] = guard
             guard.call("observing a step", observer, record, self)
             if guard.off:
                 self.loadwise_observers.remove(observer)
