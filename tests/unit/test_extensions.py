@@ -152,7 +152,7 @@ def test_the_plugin_imports_no_capability_hook_where_none_is_on() -> None:
             "for v in [k for k in os.environ if k.startswith('LOADWISE_')]: del os.environ[v]\n"
             "from loadwise.vllm import plugin, scheduler_hooks\n"
             "plugin._register_extensions()\n"
-            "hooks = [h for h in scheduler_hooks._INIT_HOOKS if isinstance(h, plugin.EngineHook)]\n"
+            "hooks = [h for h in scheduler_hooks._INIT_HOOKS if isinstance(h, plugin.Hook)]\n"
             f"print(len(hooks), sorted(set(sys.modules) & {_hook_modules()!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.split(maxsplit=1)

@@ -151,7 +151,8 @@ class Extension:
     config: type
     switch: str
     is_on: Callable[[Mapping[str, Any]], bool]
-    build: Callable[[Mapping[str, Any], argparse.Namespace], Any]
+    # None: the config from the option values alone (``build_config``).
+    build: Callable[[Mapping[str, Any], argparse.Namespace], Any] | None = None
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
     enabled_by: tuple[str, ...] = ()
@@ -261,12 +262,16 @@ def add_group(parser: argparse.ArgumentParser, ext: Extension) -> None:
         if o.kind is bool:
             group.add_argument(fl.name, dest=o.dest, action="store_true", help=o.help)
         else:
-            shown = o.default is not None and "default" not in o.help
             group.add_argument(fl.name, dest=o.dest, type=o.kind, default=o.default,
-                               metavar=fl.metavar, choices=fl.choices,
-                               help=o.help + (f" (default {o.default:g})" if shown and
-                                              isinstance(o.default, float) else
-                                              f" (default {o.default})" if shown else ""))
+                               metavar=fl.metavar, choices=fl.choices, help=_with_default(o))
+
+
+def _with_default(o: Option) -> str:
+    """The option's help, its default appended unless the help says it or there is none."""
+    if o.default is None or "default" in o.help:
+        return o.help
+    shown = f"{o.default:g}" if isinstance(o.default, float) else str(o.default)
+    return f"{o.help} (default {shown})"
 
 
 # --- which capabilities are on, and whether they combine --------------------------------------
@@ -297,7 +302,8 @@ def enabled(exts: Sequence[Extension], args: argparse.Namespace) -> dict[str, bo
 def configs(exts: Sequence[Extension], args: argparse.Namespace) -> dict[str, Any]:
     """The config of every capability that is on, by name (the rules checked first)."""
     on = enabled(exts, args)
-    return {e.name: e.build(e.values(args), args) for e in exts if on[e.name]}
+    return {e.name: e.build(e.values(args), args) if e.build else
+            build_config(e.config, e.values(args)) for e in exts if on[e.name]}
 
 
 def build_config(cls: type[C], values: Mapping[str, Any], **extra: Any) -> C:

@@ -135,7 +135,8 @@ class _OrderingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loadwise_ordering: Ordering | None = None
-        # Off: every priority back to 0, first come, first served from then on.
+        # Off: no ordering (the undo drops it first), every priority back to 0, first come,
+        # first served from then on.
         self._lw_ordering_guard = FailOpen("ordering", logger, on_off=self._lw_unorder)
         self.loadwise_ordering = self._lw_ordering_guard.call("starting", self._lw_start)
 
@@ -153,17 +154,14 @@ class _OrderingMixin:
                     cfg.policy, cfg.predictor_dir or cfg.oracle_file)
         return Ordering(cfg, load_predictor(cfg))
 
-    def _lw_active(self) -> Ordering | None:
-        return self.loadwise_ordering if self._lw_ordering_guard.on else None
-
     def add_request(self, request: Any) -> None:
-        if (ordering := self._lw_active()) is not None:
+        if (ordering := self.loadwise_ordering) is not None:
             with self._lw_ordering_guard("predicting a request's length"):
                 ordering.arrive(request)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if (ordering := self._lw_active()) is not None:
+        if (ordering := self.loadwise_ordering) is not None:
             with self._lw_ordering_guard("ordering the queue"):
                 ordering.before_schedule(self)
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -171,7 +169,7 @@ class _OrderingMixin:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output)
-        if (ordering := self._lw_active()) is not None:
+        if (ordering := self.loadwise_ordering) is not None:
             with self._lw_ordering_guard("taking a step's output"):
                 ordering.after_output(model_runner_output)
                 if ordering.cfg.state_file and ordering.counts["steps"] % STATE_EVERY_STEPS == 0:

@@ -72,7 +72,7 @@ def _register_extensions() -> None:
         # Engine hooks always: each checks, at every scheduler start, whether that engine runs
         # the capability (an in-process engine started later gets its own settings).
         for path in ext.engine_hooks:
-            scheduler_hooks.add_init_hook(EngineHook(ext, path))
+            scheduler_hooks.add_init_hook(Hook(ext, path, "attaching"))
         if ext.name not in _registered and ext.active():
             _registered.add(ext.name)
             _register_active(ext)
@@ -80,7 +80,7 @@ def _register_extensions() -> None:
 
 def _register_active(ext: extension.Extension) -> None:
     """The process and worker hooks of ``ext``, on in this process."""
-    guard = _guards.setdefault(ext.name, extension.FailOpen(ext.name, logger))
+    guard = _guard(ext)
     ensure_log_handler()
     for path in ext.process_hooks:
         if ext.fail_open:
@@ -95,34 +95,32 @@ def _register_active(ext: extension.Extension) -> None:
                        "build runs without them", ext.name)
     elif ext.worker_hooks:
         for path in ext.worker_hooks:
-            compat.after_cpu_model_load(WorkerHook(ext, path))
+            compat.after_cpu_model_load(Hook(ext, path, "installing"))
+
+
+def _guard(ext: extension.Extension) -> extension.FailOpen:
+    """``ext``'s one guard in this process."""
+    guard = _guards.get(ext.name)
+    if guard is None:
+        guard = _guards[ext.name] = extension.FailOpen(ext.name, logger)
+    return guard
 
 
 @dataclass(frozen=True)
-class EngineHook:
-    """A capability's scheduler init hook, imported the first time an engine runs it."""
+class Hook:
+    """A capability's engine or worker hook, given vLLM's object (the scheduler at its start,
+    the model runner after it loads): imported the first time an engine of this process runs
+    the capability, and run in its guard (an exception from a load hook would fail the
+    engine's start; the capability is optional)."""
 
     ext: extension.Extension
     path: str
+    what: str  # "attaching" or "installing", for the log
 
-    def __call__(self, scheduler: Any) -> None:
+    def __call__(self, target: Any) -> None:
         if self.ext.active():  # an engine of this process started with the capability
-            guard = _guards.setdefault(self.ext.name, extension.FailOpen(self.ext.name, logger))
-            guard.call(f"attaching {self.path}", lambda: extension.hook(self.path)(scheduler))
-
-
-@dataclass(frozen=True)
-class WorkerHook:
-    """A capability's after-model-load hook in the worker. An exception from a load hook would
-    fail the engine's start; the capability is optional."""
-
-    ext: extension.Extension
-    path: str
-
-    def __call__(self, runner: Any) -> None:
-        if self.ext.active():
-            guard = _guards.setdefault(self.ext.name, extension.FailOpen(self.ext.name, logger))
-            guard.call(f"installing {self.path}", lambda: extension.hook(self.path)(runner))
+            _guard(self.ext).call(f"{self.what} {self.path}",
+                                  lambda: extension.hook(self.path)(target))
 
 
 def _register_warmup() -> None:
