@@ -443,9 +443,13 @@ def quant_sensitivity_gain_dnll(result: Result, fmt: str = "nvfp4", units: str =
 
 
 @figure
-def quant_kernel_parity(result: Result, isa: str) -> Figure:
+def quant_kernel_parity(result: Result, isa: str, machine: str | None = None) -> Figure:
     """Per W8A8 export served on the ISA's kernels: |engine perplexity / the harness's - 1|,
-    the harness summing as that kernel does."""
+    the harness summing as that kernel does. ``machine``: only a run on a CPU of that label
+    (AVX2, AVX-512+BF16, AMX) counts."""
+    label = need(result, "machine").get("isa")
+    if machine is not None and label != machine:
+        raise NotApplicable(f"measured on {label}, not {machine}")
     rows = [r for r in need(result, "rows") if r["isa"] == isa]
     if not rows:
         raise NotApplicable(f"no {isa} rows")
