@@ -31,6 +31,7 @@ from results_io import write_result
 
 from loadwise.model import prepare
 from loadwise.provenance import provenance
+from loadwise.quant.catalog import HessianParams, QuantMethod
 from loadwise.quant.hessian import read_choices
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
@@ -112,7 +113,7 @@ def main() -> None:
     chosen: dict[str, Any] = {}
     fp32 = {}
     for text, windows in (("ptb", args.max_windows), (str(other_path), args.other_windows)):
-        rec = session.evaluate(EvalConfig("fp32", QuantSpec(None), text, windows))
+        rec = session.evaluate(EvalConfig(QuantMethod("fp32"), QuantSpec(None), text, windows))
         fp32["ptb" if text == "ptb" else "other"] = rec.perplexity.ppl
     for kind in args.formats.split(","):
         spec = QuantSpec.build(kind, 4, 4, 4, None)
@@ -120,8 +121,8 @@ def main() -> None:
         for method in (*BASELINES, "hessian"):
             for name, text, windows in (("ptb", "ptb", args.max_windows),
                                         ("other", str(other_path), args.other_windows)):
-                cfg = EvalConfig(method, spec, text, windows,
-                                 alpha if method == "smoothquant" else None)
+                qm = QuantMethod.build(method, alpha=alpha if method == "smoothquant" else None)
+                cfg = EvalConfig(qm, spec, text, windows)
                 rec = session.evaluate(cfg)
                 if method == "smoothquant" and alpha is None:
                     alpha = rec.alpha  # chosen on PTB valid once per format
@@ -131,14 +132,14 @@ def main() -> None:
                 print(f"{label:24s} {method:12s} ppl {rec.perplexity.ppl:10.2f} "
                       f"({rec.prepare_s:.0f}+{rec.eval_s:.0f} s)", flush=True)
             if method == "hessian":
-                workdir = session.workdir(EvalConfig(method, spec))
+                workdir = session.workdir(EvalConfig(QuantMethod(method), spec))
                 assert workdir is not None
                 chosen[kind] = choices_summary(workdir)
         session.forget()
     payload = {**made_by, "model": str(model_dir),
                "config": {"max_windows": args.max_windows, "other_windows": args.other_windows,
                           "window_tokens": 2048, "other_text": other,
-                          "hessian": EvalConfig("hessian", QuantSpec(None)).hessian.to_json(),
+                          "hessian": HessianParams().to_json(),
                           "torch_threads": torch.get_num_threads()},
                "fp32": fp32, "runs": runs, "choices": chosen,
                "wall_s": time.perf_counter() - t_start}

@@ -33,7 +33,7 @@ from loadwise.config.binding import ALL, CpuBinding
 from loadwise.config.engine import EngineSpec
 from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
-from loadwise.quant.catalog import EXPORT_METHODS
+from loadwise.quant.catalog import EXPORT_METHODS, QuantMethod
 from loadwise.quant.export import ExportConfig, export
 from loadwise.quant.ppl import windows as cut
 from loadwise.quant.run import EvalConfig, Session
@@ -53,7 +53,7 @@ def exported(base_dir: Path, out: Path, cfg: ExportConfig, reuse: bool) -> Path:
     """``cfg``'s checkpoint at ``out``; ``reuse``: one this script wrote there with the same
     configuration is kept."""
     marker = out / "parity-export.json"
-    want = json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+    want = json.dumps(cfg.to_json(), sort_keys=True)
     if reuse and marker.is_file() and marker.read_text() == want:
         return out
     export(base_dir, out, cfg)
@@ -67,7 +67,7 @@ def reused_harness(args: argparse.Namespace,
     these."""
     old = json.loads(Path(args.harness_from).read_text())
     same = old["config"]["windows"] == args.windows and old["config"]["exports"] == {
-        m: dataclasses.asdict(c) for m, c in configs.items()}
+        m: c.to_json() for m, c in configs.items()}
     if not same:
         raise SystemExit(f"{args.harness_from}: other exports or windows than this run's")
     return dict(old["harness_ppl"])
@@ -83,8 +83,8 @@ def harness(session: Session, cfg: ExportConfig, windows: int) -> dict[str, Any]
     out = {}
     for acc in ACCUMULATIONS:
         # The export's own SmoothQuant alpha, not one searched on PTB valid.
-        rec = session.evaluate(EvalConfig(cfg.method, spec, "ptb", windows, cfg.smooth_alpha,
-                                          hessian=cfg.hessian, accumulation=acc))
+        rec = session.evaluate(EvalConfig(cfg.runnable, spec, "ptb", windows,
+                                          accumulation=acc))
         out[acc] = rec.perplexity.to_json()
     session.forget()
     return out
@@ -106,8 +106,9 @@ def main() -> None:
     args = ap.parse_args()
     made_by = provenance()
     t0 = time.perf_counter()
-    quick = {"hessian_segments": 1, "hessian_tokens": 256} if args.quick_hessian else {}
-    configs = {m: ExportConfig("w8a8", m, **quick) for m in args.methods.split(",")}
+    quick = {"segments": 1, "tokens": 256} if args.quick_hessian else {}
+    configs = {m: ExportConfig("w8a8", QuantMethod.build(m, **quick) if m == "hessian"
+                               else QuantMethod(m)) for m in args.methods.split(",")}
     base_dir = prepare().path
     dirs = {m: exported(base_dir, loadwise_home() / "quant-parity" / m, c, args.reuse_exports)
             for m, c in configs.items()}
@@ -143,7 +144,7 @@ def main() -> None:
     write_result("quant-kernel-parity", {
         **made_by, "kernels_machine": cpu_kernels.machine(), "binding": base.cpu_binding.to_json(),
         "config": {**vars(args), "bound": BOUND, "isas_run": isas,
-                   "exports": {m: dataclasses.asdict(c) for m, c in configs.items()},
+                   "exports": {m: c.to_json() for m, c in configs.items()},
                    "engine": {"enforce_eager": True, "max_num_seqs": base.max_num_seqs}},
         "harness_ppl": sim, "rows": rows, "summary": summary,
         "wall_s": round(time.perf_counter() - t0, 1)})

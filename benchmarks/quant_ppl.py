@@ -33,7 +33,7 @@ from results_io import write_result
 from loadwise.measure.workloads import sharegpt_pairs
 from loadwise.model import prepare
 from loadwise.provenance import provenance
-from loadwise.quant.catalog import METHODS
+from loadwise.quant.catalog import METHODS, QuantMethod
 from loadwise.quant.ppl import t975
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
@@ -70,7 +70,8 @@ def outliers(session: Session, alpha: float) -> dict[str, Any]:
     for name in ("fp32", "smoothquant", "dualquant"):
         model = copy.deepcopy(session.base)
         if name == "smoothquant":
-            calibration = session.calibration(EvalConfig("smoothquant", QuantSpec(None)))
+            calibration = session.calibration(EvalConfig(QuantMethod("smoothquant"),
+                                                         QuantSpec(None)))
             smoothing.smoothquant(model, calibration.absmax(session.base), alpha)
         elif name == "dualquant":
             smoothing.dualquant(model, QuantFormat("int"))
@@ -101,7 +102,7 @@ def main() -> None:
         row = {"label": label, **rec.to_json()}
         runs.append(row)
         partial.write_text(json.dumps(runs))
-        print(f"{label:28s} {cfg.method:12s} {cfg.spec.name:40s} ppl {rec.perplexity.ppl:10.2f}"
+        print(f"{label:28s} {cfg.method.name:12s} {cfg.spec.name:40s} ppl {rec.perplexity.ppl:10.2f}"
               f"  ({rec.prepare_s:.0f}+{rec.eval_s:.0f} s)", flush=True)
         return row
 
@@ -109,22 +110,24 @@ def main() -> None:
     if not args.skip_other:
         texts.append(("other", str(other_path), args.other_windows))
     for name, text, windows in texts:
-        run(EvalConfig("fp32", QuantSpec(None), text, windows), f"{name} fp32")
+        run(EvalConfig(QuantMethod("fp32"), QuantSpec(None), text, windows), f"{name} fp32")
     alphas: dict[str, float] = {}
     for kind, group in W_FORMATS:
         label = fmt_label(kind, group)
         w4a4 = QuantSpec.build(kind, 4, 4, 16, group)
         kv4 = QuantSpec.build(kind, 4, 4, 4, group)
         for method in QUANTIZED:
-            row = run(EvalConfig(method, w4a4, "ptb", args.max_windows), f"ptb W4A4 {label}")
+            row = run(EvalConfig(QuantMethod(method), w4a4, "ptb", args.max_windows),
+                      f"ptb W4A4 {label}")
             if method == "smoothquant":
                 alphas[label] = row["alpha"]
-            alpha = alphas.get(label) if method == "smoothquant" else None
+            # SmoothQuant's alpha as chosen for W4A4 (searched once per format).
+            qm = QuantMethod.build(method, alpha=alphas.get(label) if method == "smoothquant"
+                                   else None)
             if group is None:
-                run(EvalConfig(method, kv4, "ptb", args.max_windows, alpha),
-                    f"ptb W4A4KV4 {label}")
+                run(EvalConfig(qm, kv4, "ptb", args.max_windows), f"ptb W4A4KV4 {label}")
                 if not args.skip_other:
-                    run(EvalConfig(method, w4a4, str(other_path), args.other_windows, alpha),
+                    run(EvalConfig(qm, w4a4, str(other_path), args.other_windows),
                         f"other W4A4 {label}")
         session.forget()
     payload = {**made_by, "model": str(model_dir),

@@ -37,12 +37,13 @@ from loadwise.measure.serving import measure_load_window
 from loadwise.measure.workloads import resolve
 from loadwise.model import loadwise_home, prepare
 from loadwise.provenance import provenance
+from loadwise.quant.catalog import QuantMethod
 from loadwise.quant.export import ExportConfig, export
 from loadwise.quant.run import EvalConfig, Session
 from loadwise.quant.spec import QuantSpec
 from loadwise.vllm.server import ServerProcess
 
-CHECKPOINTS = {f"{scheme}-{method}": ExportConfig(scheme, method)
+CHECKPOINTS = {f"{scheme}-{method}": ExportConfig(scheme, QuantMethod(method))
                for scheme in ("w8a8", "w4a16")
                for method in ("rtn", "dualquant", "gptq", "hessian")}
 DEFAULT_CHECKPOINTS = "w8a8-rtn,w8a8-dualquant,w4a16-rtn,w4a16-dualquant"
@@ -60,7 +61,7 @@ def harness_spec(cfg: ExportConfig) -> QuantSpec:
 def harness_config(cfg: ExportConfig, windows: int) -> EvalConfig:
     """The harness's evaluation of the weights ``cfg`` exports (the hessian method as export
     runs it: no online rotation, activations at full range; it reads export's finished run)."""
-    return EvalConfig(cfg.method, harness_spec(cfg), "ptb", windows, hessian=cfg.hessian)
+    return EvalConfig(cfg.runnable, harness_spec(cfg), "ptb", windows)
 
 
 def engine_ppl(url: str, model: str, windows: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from quant_hessian import choices_summary, summarize
 from quant_sensitivity import correlations
 
 from loadwise.quant import hessian
-from loadwise.quant.hessian import HessianConfig
+from loadwise.quant.catalog import HessianParams
 from loadwise.quant.spec import QuantSpec
 
 
@@ -43,7 +43,7 @@ def test_choices_are_counted_from_the_runs_layer_records(tmp_path: Path) -> None
         num_attention_heads=2, num_key_value_heads=1, head_dim=16)).eval()
     samples = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(1))
     spec = QuantSpec.build("int", 4, 4, 4, None, kv_group_size=16)
-    result = hessian.quantize_model(model, spec, samples, HessianConfig(1, 32), tmp_path)
+    result = hessian.quantize_model(model, spec, samples, HessianParams(1, 32), tmp_path)
     s = choices_summary(tmp_path)
     assert s["layers"] == 2
     assert sum(s["sites"]["down_in"]["transform"].values()) == 2

@@ -25,6 +25,7 @@ from loadwise.config import cpu_kernels
 from loadwise.config import env as envvars
 from loadwise.measure.quality import text_logprobs
 from loadwise.model import prepare
+from loadwise.quant.catalog import QuantMethod
 from loadwise.quant.export import ExportConfig
 from loadwise.quant.ppl import windows as cut
 from loadwise.quant.run import EvalConfig, Session
@@ -34,7 +35,7 @@ from loadwise.vllm.server import engine_kernel_libraries
 from .test_serve import _start_serve, _stop
 
 WINDOWS = 2
-QUICK_HESSIAN = {"hessian_segments": 1, "hessian_tokens": 256}  # a quick run of the method
+QUICK_HESSIAN = {"segments": 1, "tokens": 256}  # a quick run of the method
 ISAS = ("native", "avx2")
 
 
@@ -129,10 +130,10 @@ def w8a8_exports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     paths: dict[str, Path] = {}
     for method in ("dualquant", "hessian"):
         paths[method] = out / method
+        quick = ["--hessian-segments", str(QUICK_HESSIAN["segments"]), "--hessian-tokens",
+                 str(QUICK_HESSIAN["tokens"])] if method == "hessian" else []
         done = _cli("quant", "export", "--scheme", "w8a8", "--method", method, "--out",
-                    str(paths[method]), "--hessian-segments",
-                    str(QUICK_HESSIAN["hessian_segments"]), "--hessian-tokens",
-                    str(QUICK_HESSIAN["hessian_tokens"]))
+                    str(paths[method]), *quick)
         assert done.returncode == 0, done.stderr
     yield paths
 
@@ -146,10 +147,11 @@ def fp_nll(session: Session, ptb_windows: Any) -> float:
 def _harness_nll(session: Session, wins: Any, method: str, accumulation: str) -> float:
     """The harness's mean NLL over ``wins`` of the export's weights (read back from the same
     finished run) with ``accumulation``."""
-    cfg = ExportConfig("w8a8", method, **QUICK_HESSIAN)
-    model = session.quantized(EvalConfig(method, QuantSpec(cfg.weight_format,
-                                                           cfg.activation_format),
-                                         hessian=cfg.hessian, accumulation=accumulation), 0.5)
+    qm = QuantMethod.build(method, **QUICK_HESSIAN) if method == "hessian" else QuantMethod(method)
+    cfg = ExportConfig("w8a8", qm)
+    spec = QuantSpec(cfg.weight_format, cfg.activation_format)
+    model = session.quantized(EvalConfig(cfg.runnable, spec, accumulation=accumulation),
+                              cfg.runnable)
     return _mean_nll(model, wins)
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from loadwise.quant import hessian, llama
+from loadwise.quant.catalog import HessianParams, QuantMethod
 from loadwise.quant.fisher import output_fisher
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.sim import simulate
 from loadwise.quant.spec import QuantSpec
 
@@ -78,7 +78,7 @@ def run() -> tuple[Any, Any, hessian.Result]:
     model = tiny_llama(vocab=256, layers=2, seed=0)
     samples = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(2))
     quantized = copy.deepcopy(model)
-    result = hessian.quantize_model(quantized, SPEC, samples, HessianConfig(2, 64))
+    result = hessian.quantize_model(quantized, SPEC, samples, HessianParams(2, 64))
     return model, quantized, result
 
 
@@ -97,7 +97,6 @@ def test_no_choice_raises_the_objective_and_each_kind_of_choice_lowers_it(
 def test_the_quantized_model_lands_on_the_grid_and_beats_round_to_nearest_on_the_kl(
         run: tuple[Any, Any, hessian.Result]) -> None:
     from loadwise.quant import methods
-    from loadwise.quant.methods import MethodConfig
 
     model, quantized, result = run
     for name, lin in llama.all_linears(quantized):
@@ -108,7 +107,7 @@ def test_the_quantized_model_lands_on_the_grid_and_beats_round_to_nearest_on_the
     with torch.no_grad():
         ref = torch.log_softmax(model(ids, use_cache=False).logits[0].double(), -1)
     ours = summed_kl(simulate(copy.deepcopy(quantized), SPEC, result.prepared), ids, ref)
-    rtn = summed_kl(methods.apply(copy.deepcopy(model), MethodConfig("rtn"), SPEC), ids, ref)
+    rtn = summed_kl(methods.apply(copy.deepcopy(model), QuantMethod("rtn"), SPEC), ids, ref)
     assert ours < rtn
 
 
@@ -119,7 +118,7 @@ def test_the_choices_lower_the_final_kl_on_text_they_were_not_made_on(
     rotation): the local choices add up in the model's output."""
     model, quantized, result = run
     samples = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(2))
-    bare_cfg = HessianConfig(2, 64, w_clips=(1.0,), a_clips=(1.0,), kv_clips=(1.0,), alphas=(),
+    bare_cfg = HessianParams(2, 64, w_clips=(1.0,), a_clips=(1.0,), kv_clips=(1.0,), alphas=(),
                              rotate=False)
     bare = copy.deepcopy(model)
     bare_result = hessian.quantize_model(bare, SPEC, samples, bare_cfg)
@@ -145,11 +144,11 @@ def test_an_interrupted_run_resumes_and_ends_where_an_uninterrupted_one_does(
             raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        hessian.quantize_model(copy.deepcopy(model), SPEC, samples, HessianConfig(2, 64),
+        hessian.quantize_model(copy.deepcopy(model), SPEC, samples, HessianParams(2, 64),
                                tmp_path, stop_after_first)
     assert (tmp_path / "layer-000.pt").exists() and not (tmp_path / "layer-001.pt").exists()
     resumed = copy.deepcopy(model)
-    again = hessian.quantize_model(resumed, SPEC, samples, HessianConfig(2, 64), tmp_path)
+    again = hessian.quantize_model(resumed, SPEC, samples, HessianParams(2, 64), tmp_path)
     assert again.resumed_layers == 1
     for (_, a), (_, b) in zip(llama.all_linears(resumed), llama.all_linears(quantized),
                               strict=True):
@@ -157,7 +156,7 @@ def test_an_interrupted_run_resumes_and_ends_where_an_uninterrupted_one_does(
     assert again.prepared.act_clip == result.prepared.act_clip
     assert [c.to_json() for c in again.choices] == [c.to_json() for c in result.choices]
     # A finished run is read back whole.
-    third = hessian.quantize_model(copy.deepcopy(model), SPEC, samples, HessianConfig(2, 64),
+    third = hessian.quantize_model(copy.deepcopy(model), SPEC, samples, HessianParams(2, 64),
                                    tmp_path)
     assert third.resumed_layers == 2
 
@@ -213,14 +212,26 @@ def test_the_progress_line_shows_a_bar_and_the_time_left_from_the_rate_so_far(
     assert shown[3].startswith("sensitivity [") and "left" not in shown[3]
 
 
-def test_records_written_before_the_hessian_method_still_read() -> None:
+def test_records_written_before_methods_carried_their_parameters_still_read() -> None:
+    """Committed results name the method, with SmoothQuant's alpha and the hessian config
+    beside it (the earliest without a hessian field): each reads back as the method with
+    those parameters, and writes and reads back unchanged."""
     import json
 
+    from loadwise.quant.catalog import SmoothQuantParams
     from loadwise.quant.run import EvalRecord
 
-    path = Path(__file__).parents[2] / "benchmarks/results/quant-ppl-20261206-102753.json"
-    row = json.loads(path.read_text())["runs"][2]
-    assert "hessian" not in row["config"]
-    rec = EvalRecord.from_json(row)
-    assert rec.config.hessian == HessianConfig() and rec.config.method == "rtn"
-    assert EvalRecord.from_json(rec.to_json()) == rec
+    results = Path(__file__).parents[2] / "benchmarks/results"
+    runs = json.loads((results / "quant-ppl-20261206-102753.json").read_text())["runs"]
+    assert "hessian" not in runs[2]["config"]
+    assert EvalRecord.from_json(runs[2]).config.method == QuantMethod("rtn")
+    smooth = next(r for r in runs if r["config"]["method"] == "smoothquant")
+    rec = EvalRecord.from_json(smooth)
+    assert rec.config.method.params == SmoothQuantParams(smooth["config"]["alpha"])
+    hess = json.loads((results / "quant-hessian-20261206-125749.json").read_text())["runs"]
+    row = next(r for r in hess if r["config"]["method"] == "hessian")
+    assert isinstance(EvalRecord.from_json(row).config.method.params, HessianParams)
+    for r in (runs[2], smooth, row):
+        rec = EvalRecord.from_json(r)
+        assert EvalRecord.from_json(rec.to_json()) == rec
+        assert rec.to_json()["config"]["method"] == r["config"]["method"]

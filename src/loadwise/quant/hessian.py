@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from loadwise.quant import formats, smoothing
-from loadwise.quant.catalog import HESSIAN_SEGMENTS, HESSIAN_TOKENS, SMOOTH_ALPHAS
+from loadwise.quant.catalog import HessianParams
 from loadwise.quant.fisher import output_fisher
 from loadwise.quant.formats import QuantFormat, fit, grouped
 from loadwise.quant.llama import (
@@ -59,36 +59,16 @@ from loadwise.quant.spec import QuantSpec
 from loadwise.quant.weights import gptq_matrix, layer_inputs
 
 
-@dataclass(frozen=True)
-class HessianConfig:
-    segments: int = HESSIAN_SEGMENTS  # calibration segments (the first of the shared set)
-    tokens: int = HESSIAN_TOKENS  # tokens of each
-    fisher_draws: int = 2  # label draws per position for the sensitivity estimate
-    w_clips: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
-    a_clips: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
-    kv_clips: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7)
-    alphas: tuple[float, ...] = SMOOTH_ALPHAS
-    rotate: bool = True  # offer down_proj's input an online rotation (not exportable)
-    clip_activations: bool = True  # False: activations at full range (vLLM's dynamic int8)
-    seed: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HessianConfig:
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        return cls(**fields)
-
-    def run_dir(self, root: Path, spec: QuantSpec, model_dir: Path, calibration: str) -> Path:
-        """Where a run of this config on ``model_dir`` keeps its finished layers: the same
-        command run again resumes it (or reads a finished run back). ``calibration`` names the
-        calibration set."""
-        files = [[p.name, p.stat().st_size, p.stat().st_mtime_ns]
-                 for p in sorted(model_dir.glob("*.safetensors"))]
-        blob = json.dumps({"cfg": asdict(self), "spec": spec.to_json(), "calibration": calibration,
-                           "model": [str(model_dir.resolve()), files]}, sort_keys=True)
-        return root / f"hessian-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+def run_dir(params: HessianParams, root: Path, spec: QuantSpec, model_dir: Path,
+            calibration: str) -> Path:
+    """Where a run with ``params`` on ``model_dir`` keeps its finished layers: the same command
+    run again resumes it (or reads a finished run back). ``calibration`` names the calibration
+    set."""
+    files = [[p.name, p.stat().st_size, p.stat().st_mtime_ns]
+             for p in sorted(model_dir.glob("*.safetensors"))]
+    blob = json.dumps({"cfg": asdict(params), "spec": spec.to_json(), "calibration": calibration,
+                       "model": [str(model_dir.resolve()), files]}, sort_keys=True)
+    return root / f"hessian-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
 @dataclass
@@ -213,7 +193,7 @@ class _Site:
                 for n in self.names}
 
 
-def _transforms(site: _Site, cfg: HessianConfig) -> dict[str, torch.Tensor | None]:
+def _transforms(site: _Site, cfg: HessianParams) -> dict[str, torch.Tensor | None]:
     w = consumer_weight(site.layer, site.site, site.shape)
     amax = site.x.abs().amax(dim=0)
     if site.site == "o_in":
@@ -244,7 +224,7 @@ def _capture(layer: Any, site: str, inputs: list[torch.Tensor],
 
 
 def _choose_transforms(layer: Any, inputs: list[torch.Tensor], kwargs: dict[str, Any],
-                       fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
+                       fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianParams,
                        shape: Shape, choices: LayerChoices,
                        rotation: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Each site's transform (scales, and for down_proj's input an online rotation), chosen on
@@ -288,7 +268,7 @@ def _choose_transforms(layer: Any, inputs: list[torch.Tensor], kwargs: dict[str,
 
 def _choose_ranges_and_rounding(layer: Any, inputs: list[torch.Tensor], kwargs: dict[str, Any],
                                 fisher: dict[str, torch.Tensor], spec: QuantSpec,
-                                cfg: HessianConfig, shape: Shape, choices: LayerChoices,
+                                cfg: HessianParams, shape: Shape, choices: LayerChoices,
                                 rotations: dict[str, torch.Tensor],
                                 originals: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Ranges and rounding, site by site, on the inputs the quantized consumers before produce
@@ -346,7 +326,7 @@ def _choose_ranges_and_rounding(layer: Any, inputs: list[torch.Tensor], kwargs: 
 
 @torch.no_grad()
 def quantize_layer(layer: Any, index: int, inputs: list[torch.Tensor], kwargs: dict[str, Any],
-                   fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianConfig,
+                   fisher: dict[str, torch.Tensor], spec: QuantSpec, cfg: HessianParams,
                    shape: Shape) -> LayerResult:
     """Quantize one decoder layer in place. ``fisher``: its linears' sensitivities by short
     name (``v_proj``), ``[tokens, out]``."""
@@ -390,7 +370,7 @@ def _finished(workdir: Path) -> tuple[int, list[torch.Tensor] | None]:
     return (done, after["inputs"]) if done == after["after_layer"] + 1 else (0, None)
 
 
-def quantize_model(model: Any, spec: QuantSpec, samples: torch.Tensor, cfg: HessianConfig,
+def quantize_model(model: Any, spec: QuantSpec, samples: torch.Tensor, cfg: HessianParams,
                    workdir: Path | None = None,
                    progress: Callable[[str, int, int], None] | None = None) -> Result:
     """The float32 ``model`` quantized in place, layer by layer. ``samples``: calibration ids
@@ -449,7 +429,7 @@ def quantize_model(model: Any, spec: QuantSpec, samples: torch.Tensor, cfg: Hess
     return Result(prepared, choices, done)
 
 
-def _fisher(model: Any, segs: torch.Tensor, cfg: HessianConfig,
+def _fisher(model: Any, segs: torch.Tensor, cfg: HessianParams,
             progress: Callable[[str, int, int], None] | None) -> dict[str, torch.Tensor]:
     if progress:
         progress("sensitivity", 0, 1)

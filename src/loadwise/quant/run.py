@@ -16,17 +16,20 @@ from typing import Any
 
 import torch
 
-from loadwise.quant import data, llama, methods, ppl
+from loadwise.quant import data, hessian, llama, methods, ppl
 from loadwise.quant.calibration import Calibration
 from loadwise.quant.catalog import (
     ALPHA_WINDOWS,
     CALIB_SEGMENTS,
     CALIB_TOKENS,
     SMOOTH_ALPHAS,
-    method,
+    HessianParams,
+    MethodError,
+    QuantMethod,
+    RotationParams,
+    SmoothQuantParams,
 )
-from loadwise.quant.hessian import HessianConfig
-from loadwise.quant.methods import MethodConfig, Progress
+from loadwise.quant.methods import Progress
 from loadwise.quant.ppl import Perplexity
 from loadwise.quant.sim import Prepared, simulate
 from loadwise.quant.spec import QuantSpec
@@ -36,25 +39,51 @@ PTB_TEST = "ptb"
 
 @dataclass(frozen=True)
 class EvalConfig:
-    method: str
+    method: QuantMethod  # with its parameters (SmoothQuant's alpha None: searched on PTB valid)
     spec: QuantSpec
     text: str = PTB_TEST  # "ptb" (its test split) or a file's path
     max_windows: int | None = None  # None: every 2048-token window of the text
-    alpha: float | None = None  # SmoothQuant's α; None: searched on PTB valid
     alpha_windows: int = ALPHA_WINDOWS
     calib_segments: int = CALIB_SEGMENTS
     calib_tokens: int = CALIB_TOKENS
-    seed: int = 0
-    hessian: HessianConfig = field(default_factory=HessianConfig)
+    seed: int = 0  # which calibration segments
     # How the integer GEMM sums W8A8's products (sim.ACCUMULATIONS): int32 is exact.
     accumulation: str = "int32"
 
+    def __post_init__(self) -> None:
+        params = self.method.params
+        if isinstance(params, HessianParams) and params.segments > self.calib_segments:
+            raise MethodError(f"--hessian-segments must be at most the calibration segments "
+                              f"({self.calib_segments}), got {params.segments}")
+
     def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "spec": self.spec.to_json(), "text": self.text,
-                "max_windows": self.max_windows, "alpha": self.alpha,
-                "alpha_windows": self.alpha_windows, "calib_segments": self.calib_segments,
-                "calib_tokens": self.calib_tokens, "seed": self.seed,
-                "hessian": self.hessian.to_json(), "accumulation": self.accumulation}
+        # The method's name stays a field of its own: summaries of every record read it.
+        return {"method": self.method.name, "params": self.method.params.to_json(),
+                "spec": self.spec.to_json(), "text": self.text,
+                "max_windows": self.max_windows, "alpha_windows": self.alpha_windows,
+                "calib_segments": self.calib_segments, "calib_tokens": self.calib_tokens,
+                "seed": self.seed, "accumulation": self.accumulation}
+
+    @classmethod
+    def from_json(cls, c: dict[str, Any]) -> EvalConfig:
+        qm = QuantMethod.from_json({"name": c["method"], **c["params"]}) if "params" in c \
+            else _named_method(c)
+        return cls(qm, QuantSpec.from_json(c["spec"]), c["text"], c["max_windows"],
+                   c["alpha_windows"], c["calib_segments"], c["calib_tokens"], c["seed"],
+                   c.get("accumulation", "int32"))
+
+
+def _named_method(c: dict[str, Any]) -> QuantMethod:
+    """The method of a record written before methods carried their parameters: they sat
+    beside the config's other fields (the earliest records have no hessian field)."""
+    name = c["method"]
+    if name == "smoothquant":
+        return QuantMethod(name, SmoothQuantParams(c["alpha"]))
+    if name == "rotation":
+        return QuantMethod(name, RotationParams(c["seed"]))
+    if name == "hessian":
+        return QuantMethod.from_json({"name": name, **c.get("hessian", {})})
+    return QuantMethod(name)
 
 
 @dataclass(frozen=True)
@@ -73,16 +102,8 @@ class EvalRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvalRecord:
-        c = d["config"]
-        cfg = EvalConfig(c["method"], QuantSpec.from_json(c["spec"]), c["text"],
-                         c["max_windows"], c["alpha"], c["alpha_windows"], c["calib_segments"],
-                         c["calib_tokens"], c["seed"],
-                         # Records written before the hessian method have no such field.
-                         HessianConfig.from_json(c["hessian"]) if "hessian" in c
-                         else HessianConfig(), c.get("accumulation", "int32"))
-        return cls(cfg, Perplexity.from_json(d["perplexity"]), d["alpha"], d["alpha_search"],
-                   d["prepare_s"], d["eval_s"])
-
+        return cls(EvalConfig.from_json(d["config"]), Perplexity.from_json(d["perplexity"]),
+                   d["alpha"], d["alpha_search"], d["prepare_s"], d["eval_s"])
 
 
 class Session:
@@ -124,22 +145,21 @@ class Session:
                 lambda: data.calibration_segments(self.ids("ptb:train"), *key))
         return self._calib[key]
 
-    def quantized(self, cfg: EvalConfig, alpha: float, keep: bool = True) -> Any:
-        """The model ``cfg`` describes; ``keep``: remember its weights for the next spec that
-        quantizes them the same way."""
-        m = method(cfg.method)
-        if not m.quantizes:
+    def quantized(self, cfg: EvalConfig, qm: QuantMethod, keep: bool = True) -> Any:
+        """The model ``cfg`` describes, quantized by ``qm`` (``cfg``'s method with every
+        parameter chosen); ``keep``: remember its weights for the next spec that quantizes them
+        the same way."""
+        if not qm.info.quantizes:
             return self.base
-        key: tuple[Any, ...] = (cfg.method, cfg.spec.weights, alpha, cfg.seed,
-                                cfg.calib_segments, cfg.calib_tokens)
-        if m.joint:  # its choices depend on every format
-            key += (cfg.spec, cfg.hessian)
+        key: tuple[Any, ...] = (qm, cfg.spec.weights, cfg.seed, cfg.calib_segments,
+                                cfg.calib_tokens)
+        if qm.info.joint:  # its choices depend on every format
+            key += (cfg.spec,)
         if key in self._prepared:
             model, prepared = self._prepared[key]
             return simulate(copy.deepcopy(model), cfg.spec, prepared, cfg.accumulation)
         model = copy.deepcopy(self.base)
-        prepared = methods.prepare(model, MethodConfig(cfg.method, alpha, cfg.seed, cfg.hessian),
-                                   cfg.spec, self.calibration(cfg), self.progress,
+        prepared = methods.prepare(model, qm, cfg.spec, self.calibration(cfg), self.progress,
                                    self.workdir(cfg))
         if keep:
             self._prepared[key] = (model, prepared)
@@ -149,10 +169,11 @@ class Session:
     def workdir(self, cfg: EvalConfig) -> Path | None:
         """Where the hessian method keeps its finished layers for ``cfg`` (None: other
         methods)."""
-        if not method(cfg.method).joint:
+        params = cfg.method.params
+        if not isinstance(params, HessianParams):
             return None
-        return cfg.hessian.run_dir(self.work_root, cfg.spec, self.model_dir,
-                                   f"ptb-train:{cfg.calib_segments}x{cfg.calib_tokens}:{cfg.seed}")
+        return hessian.run_dir(params, self.work_root, cfg.spec, self.model_dir,
+                               f"ptb-train:{cfg.calib_segments}x{cfg.calib_tokens}:{cfg.seed}")
 
     def forget(self) -> None:
         """Drop the prepared weights (memory: one float32 model each)."""
@@ -160,23 +181,24 @@ class Session:
 
     def choose_alpha(self, cfg: EvalConfig) -> tuple[float, dict[str, float]]:
         wins = ppl.windows(self.ids("ptb:valid"), max_windows=cfg.alpha_windows)
-        search = {f"{a:g}": ppl.perplexity(self.quantized(cfg, a, keep=False), wins).ppl
-                  for a in SMOOTH_ALPHAS}
+        search = {}
+        for a in SMOOTH_ALPHAS:
+            model = self.quantized(cfg, cfg.method.with_params(alpha=a), keep=False)
+            search[f"{a:g}"] = ppl.perplexity(model, wins).ppl
         best = min(search, key=lambda a: search[a])
         return float(best), search
 
     def evaluate(self, cfg: EvalConfig) -> EvalRecord:
         t0 = time.perf_counter()
-        alpha = cfg.alpha if cfg.alpha is not None else 0.5
-        search: dict[str, float] = {}
-        smooths = method(cfg.method).smooths
-        if smooths and cfg.alpha is None:
+        qm, search = cfg.method, dict[str, float]()
+        if isinstance(qm.params, SmoothQuantParams) and qm.params.alpha is None:
             alpha, search = self.choose_alpha(cfg)
-        model = self.quantized(cfg, alpha)
+            qm = qm.with_params(alpha=alpha)
+        model = self.quantized(cfg, qm)
         t1 = time.perf_counter()
         wins = ppl.windows(self.ids(cfg.text), max_windows=cfg.max_windows)
         progress = self.progress
         step = (lambda i, n: progress("windows", i, n)) if progress else None
         result = ppl.perplexity(model, wins, step)
-        return EvalRecord(cfg, result, alpha if smooths else None, search,
-                          t1 - t0, time.perf_counter() - t1)
+        alpha = qm.params.alpha if isinstance(qm.params, SmoothQuantParams) else None
+        return EvalRecord(cfg, result, alpha, search, t1 - t0, time.perf_counter() - t1)
