@@ -246,7 +246,7 @@ def main() -> None:
     store = Path(tempfile.mkdtemp(prefix="loadwise-faults-", dir="/dev/shm"))
     log = logs / "disagg-faults-serve.log"
     proc, url = serve(["--disagg", "--handoff", args.handoff, "--restart-dead-engines",
-                       "--kv-store", str(store), "--kv-ssd-gib", "1"], log, args, faults)
+                       "--kv-store", str(store), "--kv-disk-gib", "1"], log, args, faults)
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     h = Harness(url, model, prompts, long_prompt, store, args.seed)
     plan = h.plan(args.requests)

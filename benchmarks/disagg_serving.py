@@ -66,7 +66,7 @@ def start(config: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.
         flags += ["--disagg", "--handoff", config]
         if args.store_dir:  # on disk: stores in /dev/shm would take the engines' memory
             flags += ["--kv-store", str(Path(args.store_dir) / config),
-                      "--kv-ssd-gib", str(args.store_gib)]
+                      "--kv-disk-gib", str(args.store_gib)]
     return start_serve(flags, log)
 
 

@@ -123,11 +123,11 @@ def session_reads(store_dir: Path, chunk: int = 4 << 20) -> dict[str, Any]:
     worker), each followed at once by a plain sequential O_DIRECT read of the extent's file
     (``kvsim.bench.read_file``: 4 MiB reads, 2 in flight): the disk's rate at that moment.
     Summary: the median over extents of the ratio of the two, and the pooled throughputs."""
-    from loadwise.kvstore.ssd_follow import SSDFollower
+    from loadwise.kvstore.media.extents.follow import ExtentFollower
 
     rows = []
     for writer in sorted((store_dir / "writers").iterdir()):
-        follower = SSDFollower(writer, direct=True, read_depth=2)
+        follower = ExtentFollower(writer, direct=True, read_depth=2)
         follower.refresh()
         by_extent: dict[int, list[int]] = {}
         for key, loc in follower.index.items():
@@ -256,7 +256,7 @@ def serve_flags(config: str, store: Path, args: argparse.Namespace) -> list[str]
              str(args.max_num_seqs), "--cpu-binding", args.cpu_binding, "--enforce-eager"]
     if config != "none":
         flags += ["--kv-store", str(store), "--kv-medium", "extents", "--kv-direct-reads",
-                  "--kv-ssd-gib", str(args.ssd_gib), "--kv-memory-gib", str(args.memory_gib),
+                  "--kv-disk-gib", str(args.ssd_gib), "--kv-memory-gib", str(args.memory_gib),
                   "--kv-policy", config]
     return [*flags, "--", "--enable-prompt-tokens-details"]
 

@@ -240,7 +240,7 @@ def serving(config: str, spec: EngineSpec, store: Path, args: argparse.Namespace
             yield server.url
         return
     handoff, reuse = DISAGG[config]
-    flags = ["--disagg", "--handoff", handoff, "--kv-store", str(store), "--kv-ssd-gib", "8",
+    flags = ["--disagg", "--handoff", handoff, "--kv-store", str(store), "--kv-disk-gib", "8",
              "--spec-method", "none", "--kv-cache-gib", str(args.kv_cache_gib),
              "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
              "--cpu-binding", args.cpu_binding]

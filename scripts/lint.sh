@@ -14,6 +14,6 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --no-deps -e .  # the package's location, for import-linter's graph
 status=0
 "$VENV/bin/ruff" check . || status=1
-"$VENV/bin/lint-imports" --no-cache || status=1
+PYTHONPATH=scripts "$VENV/bin/lint-imports" --no-cache || status=1  # scripts/: the contract type
 "$VENV/bin/python" scripts/deadcode.py || status=1
 exit $status

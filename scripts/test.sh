@@ -12,7 +12,7 @@ status=0
 .venv/bin/ruff check . || status=1
 .venv/bin/mypy src || status=1
 # import-linter (.importlinter): pure modules never import torch/vLLM, no cycles, layers.
-.venv/bin/lint-imports --no-cache || status=1
+PYTHONPATH=scripts .venv/bin/lint-imports --no-cache || status=1  # scripts/: the contract type
 .venv/bin/python scripts/deadcode.py || status=1
 # The in-process engine tests run on a compiled engine (as tune and evaluate do); the other
 # integration files start --enforce-eager engines (seconds instead of minutes each).

@@ -12,7 +12,7 @@ import requests
 
 from loadwise.config import env as envvars
 from loadwise.config.binding import allowed_cpus, format_cores
-from loadwise.invariance.checker import CheckConfig, check_chats, run_check
+from loadwise.invariance.check_engine import CheckConfig, check_chats, run_check
 
 from .test_serve import _start_serve, _stop
 

@@ -16,10 +16,12 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 
 def lint(root: Path) -> subprocess.CompletedProcess[str]:
-    # PYTHONPATH first: the copy's loadwise shadows the installed one.
+    # PYTHONPATH first: the copy's loadwise shadows the installed one; scripts/ holds the
+    # contract type .importlinter names.
+    path = f"{root / 'src'}:{ROOT / 'scripts'}"
     return subprocess.run([str(LINT), "--config", str(root / ".importlinter"), "--no-cache"],
                           cwd=root, capture_output=True, text=True, timeout=300, check=False,
-                          env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
 
 
 @pytest.fixture
@@ -59,6 +61,33 @@ def test_a_new_capabilitys_config_is_pure_by_pattern_without_editing_a_list(copy
     out = lint(copy)
     assert out.returncode != 0
     assert "loadwise.newcap.config -> torch" in out.stdout
+
+
+def test_a_new_module_of_a_capability_is_pure_unless_its_name_says_glue(copy: Path) -> None:
+    """Modules that did not exist when the contract was written: one in a capability package
+    breaks the contract when it imports torch; one whose name says glue (``*_worker``) may."""
+    media = copy / "src" / "loadwise" / "kvstore" / "media"
+    (media / "newmedium.py").write_text("import torch  # noqa\n")
+    (copy / "src" / "loadwise" / "kvstore" / "handoff" / "nixl_worker.py").write_text(
+        "import torch  # noqa\n")
+    out = lint(copy)
+    assert out.returncode != 0
+    assert "loadwise.kvstore.media.newmedium -> torch" in out.stdout
+    assert "nixl_worker" not in out.stdout
+
+
+def test_what_the_contract_calls_glue() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from lint_contracts import is_glue
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    glue = {"engine", "worker", "train"}
+    for name in ("engine", "worker", "handoff.pull_worker", "train_data", "connector.x.engine"):
+        assert is_glue(name, glue), name
+    for name in ("", "plan", "handoff.pull", "workers", "retrain", "media.extents.store",
+                 "engine2", "trained"):
+        assert not is_glue(name, glue), name
 
 
 def test_an_upward_import_and_the_cycle_it_makes_break_the_contracts(copy: Path) -> None:
@@ -107,8 +136,8 @@ FAILURE_IS_THE_RESULT = {
     "loadwise/config/extension.py",  # the guard itself
     "loadwise/kvstore/connector/__init__.py", "loadwise/kvstore/connector/markers.py",
     "loadwise/kvstore/connector/scheduler_side.py", "loadwise/kvstore/connector/worker_side.py",
-    "loadwise/kvstore/extentstore.py", "loadwise/kvstore/filestore.py",
-    "loadwise/kvstore/handoff/pull.py", "loadwise/kvstore/handoff/pull_transport.py",
+    "loadwise/kvstore/media/writer.py",
+    "loadwise/kvstore/handoff/pull_worker.py", "loadwise/kvstore/handoff/pull_transport.py",
     "loadwise/kvstore/handoff/worker.py", "loadwise/vllm/isa_site/sitecustomize.py",
     "loadwise/vllm/local.py",
 }

@@ -159,3 +159,33 @@ def test_the_plugin_imports_no_capability_hook_where_none_is_on() -> None:
     engine_hooks = sum(len(e.engine_hooks) for e in EXTENSIONS)
     assert int(out[0]) == engine_hooks > 0
     assert out[1].strip() == "[]"
+
+
+@dataclass(frozen=True)
+class _Cache:
+    cache_dir: str | None = flag("--cache-dir", None)
+    """where"""
+
+
+@dataclass(frozen=True)
+class _Warm:
+    warm_s: float = flag("--warm-s", 0.0)
+    """how long"""
+
+
+def test_a_capability_that_requires_another_is_refused_without_it() -> None:
+    """``requires``: a capability on without the one it needs is one line naming that one's
+    switch; with it, both are on."""
+    cache = extension.Extension("cache", "cache", _Cache, "--cache-dir",
+                                is_on=lambda v: v["cache_dir"] is not None)
+    warm = extension.Extension("warm", "warm", _Warm, "--warm-s",
+                               is_on=lambda v: v["warm_s"] > 0, requires=("cache",))
+    parser = argparse.ArgumentParser()
+    for ext in (cache, warm):
+        extension.add_group(parser, ext)
+    with pytest.raises(ExtensionError, match="^--warm-s needs --cache-dir$"):
+        extension.enabled((cache, warm), parser.parse_args(["--warm-s", "2"]))
+    on = extension.enabled((cache, warm), parser.parse_args(["--warm-s", "2", "--cache-dir", "d"]))
+    assert on == {"cache": True, "warm": True}
+    assert extension.enabled((cache, warm), parser.parse_args([])) == {"cache": False,
+                                                                      "warm": False}

@@ -73,7 +73,7 @@ def test_report_round_trips_and_totals_per_mode() -> None:
 
 def test_the_checker_takes_bindings_as_every_command_names_them() -> None:
     from loadwise.config.binding import allowed_cpus, format_cores
-    from loadwise.invariance.checker import CheckConfig, CheckConfigError
+    from loadwise.invariance.check_engine import CheckConfig, CheckConfigError
 
     cpus = allowed_cpus()
     default = CheckConfig(model="m").bindings()

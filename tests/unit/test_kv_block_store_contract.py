@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadwise.config.kvstore import KV_MEDIA
-from loadwise.kvstore.store import BlockStore, MemoryBlockStore, create_block_store
+from loadwise.kvstore.media.memory import MemoryBlockStore
+from loadwise.kvstore.store import BlockStore, create_block_store
 
 CAPACITY = 64 << 20
 BLOB = 4096  # the extent medium sizes its slots by the first block: keep blocks alike

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadwise.kvstore import blockfile
-from loadwise.kvstore.filestore import FileBlockStore
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.files import FileBlockStore
 from loadwise.kvstore.plan import ConnectorPlanner
-from loadwise.kvstore.ssd import StoreError
 from loadwise.kvstore.stats import ConnectorCounters, StatsFile, read_stats
 
 BS = 4  # tokens per block

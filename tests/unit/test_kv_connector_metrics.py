@@ -7,7 +7,7 @@ import functools
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from loadwise.kvstore.metrics import FlatKVPromMetrics, FlatKVStats
+from loadwise.kvstore.connector.metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.kvstore.stats import PROM_COUNTERS, ConnectorCounters, counter_delta
 from loadwise.measure.prom import totals
 

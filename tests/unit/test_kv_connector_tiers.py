@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kvstore.lru import LruKeys
+from loadwise.kvstore.media.lru import LruKeys
 from loadwise.kvstore.plan import ConnectorPlanner, StepPlan
 from loadwise.kvstore.tiers import Sessions
 from loadwise.policy.placement import FlatPolicy, TieredPolicy

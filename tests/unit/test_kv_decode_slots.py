@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from loadwise.kvstore.handoff.pull import BlockBytes, PullWorker
 from loadwise.kvstore.handoff.pull_transport import BlockServer, Held, PullOrder
+from loadwise.kvstore.handoff.pull_worker import BlockBytes, PullWorker
 from loadwise.kvstore.handoff.push_transport import PushHub, PushItem
 
 FP = b"fingerprint"

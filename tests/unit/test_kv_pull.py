@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from loadwise.config.transfer import TransferParams
-from loadwise.kvstore.handoff.pull import BlockBytes, PullScheduler
+from loadwise.kvstore.handoff.pull import PullScheduler
 from loadwise.kvstore.handoff.pull_transport import (
     BlockServer,
     Held,
@@ -22,6 +22,7 @@ from loadwise.kvstore.handoff.pull_transport import (
     recv_frame,
     send_frame,
 )
+from loadwise.kvstore.handoff.pull_worker import BlockBytes
 
 FP = b"fingerprint"
 NBYTES = 64

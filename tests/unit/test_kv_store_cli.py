@@ -13,8 +13,8 @@ from loadwise.config.engine import EngineSpec
 from loadwise.config.kvstore import KvStoreConfig
 from loadwise.errors import EngineConfigError
 from loadwise.kvstore import blockfile
-from loadwise.kvstore.filestore import FileBlockStore, check_usable
-from loadwise.kvstore.ssd import StoreError
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.files import FileBlockStore, check_usable
 from loadwise.kvstore.stats import ConnectorCounters, StatsFile
 from loadwise.kvstore.status import store_status
 
@@ -56,7 +56,7 @@ def test_status_counts_blocks_per_engine_and_crash_leftovers(tmp_path: Path) -> 
 
 
 def test_status_counts_the_extent_medium_per_writer_and_engine(tmp_path: Path) -> None:
-    from loadwise.kvstore.extentstore import ExtentBlockStore
+    from loadwise.kvstore.media.extents.store import ExtentBlockStore
 
     fp_a, fp_b = blockfile.fingerprint({"model": "a"}), blockfile.fingerprint({"model": "b"})
     for name, fp, n in (("prefill", fp_a, 2), ("decode", fp_b, 3)):
@@ -121,7 +121,7 @@ def test_kv_store_renders_the_connector_and_checks_its_directory(model_dir: str,
     (tmp_path / "file").write_text("x")
     with pytest.raises(EngineConfigError, match="not a writable directory"):
         check_usable(str(tmp_path / "file" / "store"))
-    with pytest.raises(EngineConfigError, match="--kv-ssd-gib"):
+    with pytest.raises(EngineConfigError, match="--kv-disk-gib"):
         KvStoreConfig(str(tmp_path), 0)
     with pytest.raises(EngineConfigError, match="--kv-memory-gib"):
         KvStoreConfig(str(tmp_path), 1, -1)

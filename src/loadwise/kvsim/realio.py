@@ -1,4 +1,4 @@
-"""The validation slice: the replay's SSD operations performed for real on an :class:`SSDMedium`
+"""The validation slice: the replay's SSD operations performed for real on an :class:`ExtentMedium`
 (durable writes, coalesced reads with O_DIRECT where the file system allows it, else with the
 page cache dropped first), paced to the trace's
 arrival times, timed, so the modelled device time can be compared with the measured one."""
@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadwise.kvsim.trace import TraceRequest
-from loadwise.kvstore.ssd import SSDMedium
-from loadwise.kvstore.ssd_read import o_direct_supported, read_buffer
+from loadwise.kvstore.media.extents.medium import ExtentMedium
+from loadwise.kvstore.media.extents.read import o_direct_supported, read_buffer
 
 # The SSD medium packs sessions as unsigned 64-bit ints; the tiered offload log is session -1.
 _U64 = (1 << 64) - 1
@@ -23,7 +23,7 @@ class RealSSDIO:
                  extent_blocks: int) -> None:
         self.block_bytes = block_bytes
         Path(root).mkdir(parents=True, exist_ok=True)
-        self.ssd = SSDMedium(root, capacity_bytes=capacity_bytes,
+        self.ssd = ExtentMedium(root, capacity_bytes=capacity_bytes,
                              extent_bytes=block_bytes * extent_blocks,
                              direct_reads=o_direct_supported(root))
         self._payload = os.urandom(block_bytes)

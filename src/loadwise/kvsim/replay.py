@@ -2,7 +2,7 @@
 rest and stores its new blocks, under a placement policy and a finite-bandwidth device.
 
 The media are simulated: memory is an LRU of blocks; the SSD runs the real medium's
-:class:`~loadwise.kvstore.extents.ExtentLayout` (per-session extents, evicted whole) with no files.
+:class:`~loadwise.kvstore.media.extents.layout.ExtentLayout` (per-session extents, evicted whole) with no files.
 Time comes from a :class:`DeviceModel` whose numbers are measured on the real store
 (``loadwise.kvsim.bench``). Like vLLM and Mooncake, only
 full blocks are stored, so the ceiling (an infinite cache) counts full blocks only.
@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from loadwise.errors import ConfigError
 from loadwise.kvsim.trace import BLOCK_TOKENS, TraceRequest
-from loadwise.kvstore.extents import ExtentLayout
-from loadwise.kvstore.lru import LruKeys
+from loadwise.kvstore.media.extents.layout import ExtentLayout
+from loadwise.kvstore.media.lru import LruKeys
 from loadwise.policy.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.policy.session_class import (
     RequestSignals,

@@ -11,7 +11,7 @@ from typing import Any
 
 from loadwise.config.extension import Extension, build_config
 from loadwise.config.kvstore import KvStoreConfig
-from loadwise.kvstore.filestore import check_usable
+from loadwise.kvstore.media.files import check_usable
 
 
 def _build(values: Mapping[str, Any], args: argparse.Namespace) -> KvStoreConfig:

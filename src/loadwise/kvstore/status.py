@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from loadwise.kvstore import blockfile
-from loadwise.kvstore.filestore import SUFFIX
-from loadwise.kvstore.ssd import StoreError
-from loadwise.kvstore.ssd_follow import SSDFollower
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.extents.follow import ExtentFollower
+from loadwise.kvstore.media.files import SUFFIX
 from loadwise.kvstore.stats import read_stats
 
 
@@ -49,7 +49,7 @@ def _count_extents(st: StoreStatus, writers: Path) -> None:
     """Blocks of the extent medium (``--kv-medium extents``), as each writer's journal lists
     them."""
     for sub in sorted(p for p in writers.iterdir() if p.is_dir()):
-        follower = SSDFollower(sub)
+        follower = ExtentFollower(sub)
         try:
             follower.refresh()
             for loc in follower.index.values():

@@ -1,5 +1,6 @@
-"""One interface for every medium a block can live in: the files (``FileBlockStore``), the
-journaled extents (``ExtentBlockStore``) and the worker's memory tier (``MemoryBlockStore``).
+"""One interface for every medium a block can live in, each a module of ``media/``: the files
+(``media/files.py``), the journaled extents (``media/extents/``) and the worker's memory tier
+(``media/memory.py``).
 The connector's worker side and the scheduler side's lookups use only this protocol;
 ``tests/unit/test_kv_block_store_contract.py`` runs every implementation through one suite.
 
@@ -22,13 +23,13 @@ every implementation:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from loadwise.config.kvstore import KV_MEDIA
-from loadwise.kvstore.extentstore import ExtentBlockStore
-from loadwise.kvstore.filestore import FileBlockStore
+from loadwise.kvstore.media.extents.store import ExtentBlockStore
+from loadwise.kvstore.media.files import FileBlockStore
 
 
 class BlockStore(Protocol):
@@ -49,60 +50,6 @@ class BlockStore(Protocol):
     def close(self) -> None: ...
 
     def counters_json(self) -> dict[str, int]: ...
-
-
-class MemoryBlockStore:
-    """The worker's memory tier: blobs by key in this process, placed and evicted by the
-    scheduler side's plan (no capacity of its own). Lost when the process ends; a clean stop
-    hands its blocks to the files (``FlatKVConnector.shutdown``)."""
-
-    def __init__(self) -> None:
-        self._blobs: dict[str, bytes] = {}
-        self.blocks_read = 0
-
-    def __len__(self) -> int:
-        return len(self._blobs)
-
-    def contains(self, key: str) -> bool:
-        return key in self._blobs
-
-    def read(self, key: str) -> bytes | None:
-        blob = self._blobs.get(key)
-        if blob is not None:
-            self.blocks_read += 1
-        return blob
-
-    def read_many(self, keys: list[str]) -> list[bytes | None]:
-        return [self.read(k) for k in keys]
-
-    def open_for_writing(self) -> None:
-        return
-
-    def submit(self, key: str, blob: bytes, session: int = 0) -> bool:
-        self._blobs[key] = bytes(blob)
-        return True
-
-    def write_now(self, key: str, blob: bytes, session: int = 0) -> None:
-        self._blobs[key] = bytes(blob)
-
-    def flush(self) -> None:
-        return
-
-    def close(self) -> None:
-        return
-
-    def counters_json(self) -> dict[str, int]:
-        return {"num_blocks": len(self._blobs), "blocks_read": self.blocks_read}
-
-    def pop(self, key: str) -> bytes | None:
-        """Take a block out (dropped from the tier, or demoted to the files)."""
-        return self._blobs.pop(key, None)
-
-    def drain(self) -> Iterator[tuple[str, bytes]]:
-        """Every block, each removed as it is taken."""
-        while self._blobs:
-            key = next(iter(self._blobs))
-            yield key, self._blobs.pop(key)
 
 
 def create_block_store(medium: str, root: str | Path, capacity_bytes: int,

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadwise.kvstore.lru import LruKeys
+from loadwise.kvstore.media.lru import LruKeys
 from loadwise.policy.placement import BlockInfo, Medium, PlacementPolicy
 from loadwise.policy.session_class import (
     ClassifierConfig,

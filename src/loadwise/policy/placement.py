@@ -1,7 +1,7 @@
 """Where a KV block lives: placement policies behind one interface, selected by name.
 
 A policy is consulted at three moments and nowhere else, so the same object drives the trace
-replay (``loadwise.kvsim.replay``, over the real SSD medium of ``loadwise.kvstore.ssd`` in its
+replay (``loadwise.kvsim.replay``, over the real SSD medium of ``loadwise.kvstore.media.extents.medium`` in its
 validation slice) and any store built on these media:
 
   * ``home(info)``          a block is created: memory, SSD, or not stored;

@@ -1,7 +1,7 @@
 """``loadwise predictor train``: the length predictor for the served model, from its own answers.
 
 Stages (each resumable or cheap to redo): the model's greedy answers to ShareGPT prompts
-(``loadwise.sched.data``, vLLM), the token classes from its tokenizer, the arrival model (ridge
+(``loadwise.sched.train_data``, vLLM), the token classes from its tokenizer, the arrival model (ridge
 regression, its strength picked on the validation split), the final hidden states at each
 prompt's last token (transformers' ``last_hidden_state``: the tensor vLLM hands
 ``compute_logits``), the refinement network (early-stopped on the validation split). Every
@@ -211,7 +211,7 @@ def train_predictor(cfg: PredictorConfig, report: Report) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from loadwise.sched.data import model_answers
+    from loadwise.sched.train_data import model_answers
 
     out = Path(cfg.out_dir)
     work = out / "work"

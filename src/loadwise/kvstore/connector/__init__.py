@@ -43,9 +43,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from loadwise.config.kvstore import KvStoreConfig
 from loadwise.kvstore.connector.markers import tool_header_ids
 from loadwise.kvstore.connector.meta import FlatKVMetadata, engine_fingerprint
+from loadwise.kvstore.connector.metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.kvstore.connector.scheduler_side import SchedulerSide
 from loadwise.kvstore.connector.worker_side import WorkerSide
-from loadwise.kvstore.metrics import FlatKVPromMetrics, FlatKVStats
 from loadwise.kvstore.stats import counter_delta
 from loadwise.kvstore.store import create_block_store
 

@@ -21,9 +21,10 @@ from loadwise.config.kvstore import KvStoreConfig
 from loadwise.kvstore import blockfile
 from loadwise.kvstore.connector.meta import FlatKVMetadata
 from loadwise.kvstore.handoff.worker import Finished, create_worker_handoff
+from loadwise.kvstore.media.memory import MemoryBlockStore
 from loadwise.kvstore.plan import BlockRef
 from loadwise.kvstore.stats import ConnectorCounters, StatsFile, stats_side
-from loadwise.kvstore.store import BlockStore, MemoryBlockStore
+from loadwise.kvstore.store import BlockStore
 
 logger = logging.getLogger("loadwise.kv")
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from loadwise.kvstore.handoff.pull import BlockBytes, PullWorker
+from loadwise.kvstore.handoff.pull_worker import BlockBytes, PullWorker
 from loadwise.kvstore.handoff.push import PushSender
 from loadwise.kvstore.handoff.strategies import HandoffStep
 from loadwise.kvstore.stats import ConnectorCounters

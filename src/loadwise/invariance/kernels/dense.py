@@ -9,7 +9,7 @@ rows or more are passed through untouched.
 
 The check sits inside a custom op: a Python branch on the row count in a compiled graph would
 be decided once, at tracing, for every batch size. The start-up self-test
-(:mod:`loadwise.invariance.selftest`) then proves the wrapped layers invariant, or refuses.
+(:mod:`loadwise.invariance.worker`) then proves the wrapped layers invariant, or refuses.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class InvariantCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
 
 
 class InvariantCPUAttentionBackend(CPUAttentionBackend):
-    """Registered over vLLM's ``CPU_ATTN`` in invariant mode (``loadwise.invariance.mode``)."""
+    """Registered over vLLM's ``CPU_ATTN`` in invariant mode (``loadwise.invariance.engine``)."""
 
     @staticmethod
     def get_builder_cls() -> type[InvariantCPUAttentionMetadataBuilder]:

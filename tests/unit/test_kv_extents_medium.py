@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadwise.kvstore.ssd import MAGIC_V1, SSDMedium, StoreError
-from loadwise.kvstore.ssd_read import o_direct_supported, read_buffer
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.extents.medium import MAGIC_V1, ExtentMedium
+from loadwise.kvstore.media.extents.read import o_direct_supported, read_buffer
 
 
 def payload(key: int, size: int = 256) -> bytes:
@@ -24,7 +25,7 @@ def payload(key: int, size: int = 256) -> bytes:
 
 
 def test_put_get_roundtrip_and_coalesced_reads(tmp_path: Path) -> None:
-    ssd = SSDMedium(tmp_path, capacity_bytes=64 * 1024, extent_bytes=16 * 1024)
+    ssd = ExtentMedium(tmp_path, capacity_bytes=64 * 1024, extent_bytes=16 * 1024)
     ssd.put_many(session=1, blocks=[(k, payload(k)) for k in range(10)])
     ssd.put_many(session=2, blocks=[(k, payload(k)) for k in range(100, 105)])
     got = ssd.get_many([3, 4, 5, 6, 101, 999])
@@ -35,16 +36,16 @@ def test_put_get_roundtrip_and_coalesced_reads(tmp_path: Path) -> None:
 
 
 def test_blocks_survive_reopen(tmp_path: Path) -> None:
-    ssd = SSDMedium(tmp_path, 64 * 1024, 16 * 1024)
+    ssd = ExtentMedium(tmp_path, 64 * 1024, 16 * 1024)
     ssd.put_many(7, [(k, payload(k)) for k in range(20)])
     ssd.close()
-    again = SSDMedium(tmp_path, 64 * 1024, 16 * 1024)
+    again = ExtentMedium(tmp_path, 64 * 1024, 16 * 1024)
     assert again.get_many(list(range(20))) == [payload(k) for k in range(20)]
     assert again.recovered_records == 20
 
 
 def test_eviction_drops_whole_oldest_session_never_moves_blocks(tmp_path: Path) -> None:
-    ssd = SSDMedium(tmp_path, capacity_bytes=2 * 4096, extent_bytes=4096)
+    ssd = ExtentMedium(tmp_path, capacity_bytes=2 * 4096, extent_bytes=4096)
     ssd.put_many(1, [(k, payload(k, 1024)) for k in range(4)])
     ssd.put_many(2, [(k, payload(k, 1024)) for k in range(10, 14)])
     ssd.get_many([0])  # session 1 is now the most recent
@@ -52,12 +53,12 @@ def test_eviction_drops_whole_oldest_session_never_moves_blocks(tmp_path: Path) 
     assert sorted(evicted) == [10, 11, 12, 13]
     assert ssd.contains(0) and not ssd.contains(10) and ssd.contains(20)
     ssd.close()
-    reopened = SSDMedium(tmp_path, 2 * 4096, 4096)
+    reopened = ExtentMedium(tmp_path, 2 * 4096, 4096)
     assert not reopened.contains(10) and reopened.get_many([0])[0] == payload(0, 1024)
 
 
 def test_torn_journal_tail_and_corrupt_block_are_never_returned(tmp_path: Path) -> None:
-    ssd = SSDMedium(tmp_path, 64 * 1024, 16 * 1024)
+    ssd = ExtentMedium(tmp_path, 64 * 1024, 16 * 1024)
     ssd.put_many(1, [(k, payload(k)) for k in range(5)])
     loc = ssd.index[2]
     ssd.close()
@@ -67,7 +68,7 @@ def test_torn_journal_tail_and_corrupt_block_are_never_returned(tmp_path: Path) 
     with open(tmp_path / "extents" / f"{loc.extent}.ext", "r+b") as f:
         f.seek(loc.offset)
         f.write(b"\xff" * 8)
-    again = SSDMedium(tmp_path, 64 * 1024, 16 * 1024)
+    again = ExtentMedium(tmp_path, 64 * 1024, 16 * 1024)
     assert again.truncated_bytes > 0
     got = again.get_many(list(range(5)))
     assert got[2] is None
@@ -78,15 +79,15 @@ def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(StoreError, match="cannot use"):
-        SSDMedium(blocker / "sub", 64 * 1024, 16 * 1024)
+        ExtentMedium(blocker / "sub", 64 * 1024, 16 * 1024)
     with pytest.raises(StoreError, match="at least one extent"):
-        SSDMedium(tmp_path / "ok", 1024, 4096)
+        ExtentMedium(tmp_path / "ok", 1024, 4096)
 
 
 WRITER = textwrap.dedent("""
     import sys
-    from loadwise.kvstore.ssd import SSDMedium
-    ssd = SSDMedium(sys.argv[1], 1 << 30, 1 << 20)
+    from loadwise.kvstore.media.extents.medium import ExtentMedium
+    ssd = ExtentMedium(sys.argv[1], 1 << 30, 1 << 20)
     key = 0
     while True:
         blocks = [(key + i, (key + i).to_bytes(8, "little") * 512) for i in range(4)]
@@ -107,7 +108,7 @@ def test_kill_9_during_writes_keeps_every_acknowledged_block(tmp_path: Path) -> 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert acked >= 400, "writer made no progress"
-    ssd = SSDMedium(tmp_path, 1 << 30, 1 << 20)
+    ssd = ExtentMedium(tmp_path, 1 << 30, 1 << 20)
     got = ssd.get_many(list(range(acked)))
     assert all(g == k.to_bytes(8, "little") * 512 for k, g in enumerate(got))
     # Anything beyond the acknowledged prefix is either intact or absent, never torn.
@@ -117,7 +118,7 @@ def test_kill_9_during_writes_keeps_every_acknowledged_block(tmp_path: Path) -> 
 
 def test_short_sessions_do_not_reserve_whole_extents(tmp_path: Path) -> None:
     # 4 extents' worth of capacity, preallocation in 1-block chunks: 16 one-block sessions fit.
-    ssd = SSDMedium(tmp_path, capacity_bytes=4 * 4096, extent_bytes=4096, prealloc_bytes=256)
+    ssd = ExtentMedium(tmp_path, capacity_bytes=4 * 4096, extent_bytes=4096, prealloc_bytes=256)
     for s in range(16):
         assert ssd.put_many(s, [(s, payload(s))]) == []
     assert ssd.used_bytes == 16 * 256
@@ -126,12 +127,12 @@ def test_short_sessions_do_not_reserve_whole_extents(tmp_path: Path) -> None:
 
 def test_eviction_keeps_the_journal_consistent_across_reopen(tmp_path: Path) -> None:
     # Room for one session: the second put evicts the first whole extent, never its own.
-    ssd = SSDMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
+    ssd = ExtentMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
     ssd.put_many(1, [(k, payload(k)) for k in range(6)])
     evicted = ssd.put_many(2, [(k, payload(k)) for k in range(100, 106)])
     assert sorted(evicted) == list(range(6))
     ssd.close()
-    again = SSDMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
+    again = ExtentMedium(tmp_path, capacity_bytes=8 * 256, extent_bytes=8 * 256, prealloc_bytes=256)
     assert set(again.index) == set(range(100, 106))
     assert again.get_many(list(range(100, 106))) == [payload(k) for k in range(100, 106)]
     assert len(list((tmp_path / "extents").glob("*.ext"))) == 1
@@ -140,12 +141,12 @@ def test_eviction_keeps_the_journal_consistent_across_reopen(tmp_path: Path) -> 
 def test_direct_reads_return_the_same_blocks_and_still_check_checksums(tmp_path: Path) -> None:
     if not o_direct_supported(tmp_path):
         with pytest.raises(StoreError, match="O_DIRECT"):
-            ssd = SSDMedium(tmp_path, 64 * 1024, 16 * 1024, direct_reads=True)
+            ssd = ExtentMedium(tmp_path, 64 * 1024, 16 * 1024, direct_reads=True)
             ssd.put_many(1, [(0, payload(0))])
             ssd.get_many([0])
         return
     # Odd sizes: block offsets are not aligned, so the aligned span around them is read.
-    ssd = SSDMedium(tmp_path, 256 * 1024, 64 * 1024, direct_reads=True)
+    ssd = ExtentMedium(tmp_path, 256 * 1024, 64 * 1024, direct_reads=True)
     ssd.put_many(1, [(k, payload(k, 1000 + k)) for k in range(20)])
     ssd.put_many(2, [(k, payload(k, 3000)) for k in range(100, 103)])
     loc = ssd.index[5]
@@ -191,7 +192,7 @@ def test_pipelined_sub_reads_verify_every_block_and_only_damaged_ones_go_missing
     if direct and not o_direct_supported(tmp_path):
         pytest.skip("no O_DIRECT on this file system")
     # 4 KiB sub-reads, 3 in flight: blocks of odd sizes straddle sub-read boundaries.
-    ssd = SSDMedium(tmp_path, 1 << 20, 256 * 1024, direct_reads=direct, read_depth=3,
+    ssd = ExtentMedium(tmp_path, 1 << 20, 256 * 1024, direct_reads=direct, read_depth=3,
                     read_chunk_bytes=4096)
     sizes = {k: 700 + 97 * k for k in range(40)}
     ssd.put_many(1, [(k, payload(k, sizes[k])) for k in range(40)])
@@ -213,7 +214,7 @@ def test_pipelined_sub_reads_verify_every_block_and_only_damaged_ones_go_missing
 
 
 def test_reads_into_a_reused_buffer_and_bad_buffers_are_clear_errors(tmp_path: Path) -> None:
-    ssd = SSDMedium(tmp_path, 1 << 20, 64 * 1024, direct_reads=o_direct_supported(tmp_path))
+    ssd = ExtentMedium(tmp_path, 1 << 20, 64 * 1024, direct_reads=o_direct_supported(tmp_path))
     ssd.put_many(1, [(k, payload(k, 5000)) for k in range(8)])
     ssd.put_many(2, [(k, payload(k, 5000)) for k in range(100, 104)])
     keys = [0, 1, 2, 100, 101, 7]
@@ -238,7 +239,7 @@ def test_a_store_in_the_old_crc32_format_is_refused_and_left_untouched(tmp_path:
     old = struct.pack("<IIBI", MAGIC_V1, 0, 1, 40) + bytes(40)
     (tmp_path / "index.journal").write_bytes(old)
     with pytest.raises(StoreError, match="older CRC32 format"):
-        SSDMedium(tmp_path, 64 * 1024, 16 * 1024)
+        ExtentMedium(tmp_path, 64 * 1024, 16 * 1024)
     assert (tmp_path / "index.journal").read_bytes() == old
 
 
@@ -248,7 +249,7 @@ def test_a_store_in_the_old_crc32_format_is_refused_and_left_untouched(tmp_path:
 def test_any_chunking_and_depth_returns_exactly_the_stored_blocks(
         sizes: list[int], chunk_pages: int, depth: int, picks: list[int]) -> None:
     with tempfile.TemporaryDirectory() as d:
-        ssd = SSDMedium(d, 1 << 20, 128 * 1024, fsync=False, read_depth=depth,
+        ssd = ExtentMedium(d, 1 << 20, 128 * 1024, fsync=False, read_depth=depth,
                         read_chunk_bytes=4096 * chunk_pages, direct_reads=o_direct_supported(d))
         # Two sessions, interleaved keys: reads mix runs of both extents.
         ssd.put_many(1, [(k, payload(k, n)) for k, n in enumerate(sizes) if k % 2 == 0])

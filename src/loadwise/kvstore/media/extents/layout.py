@@ -1,7 +1,7 @@
 """Where an SSD made of per-session extents puts each block, and which extents it evicts: the
 layout rules alone, with no I/O.
 
-The real medium (:class:`loadwise.kvstore.ssd.SSDMedium`) carries these decisions out on files and
+The real medium (:class:`loadwise.kvstore.media.extents.medium.ExtentMedium`) carries these decisions out on files and
 a journal; the replay's simulated SSD (:class:`loadwise.kvsim.replay.SimSSD`) carries them out on
 nothing. Both hold one :class:`ExtentLayout`, so the replay cannot drift from the store it models.
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loadwise.errors import ConfigError
-from loadwise.kvstore.ssd_read import Location, align_up, plan_runs
+from loadwise.kvstore.media.extents.read import Location, align_up, plan_runs
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""A follower of the SSD medium's journal (kvstore/ssd_follow.py): what another process sees of a
+"""A follower of the SSD medium's journal (kvstore/media/extents/follow.py): what another process sees of a
 store one writer keeps, through torn records, evictions, a writer's restart and a store
 created again."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kvstore.ssd import SSDMedium
-from loadwise.kvstore.ssd_follow import SSDFollower
+from loadwise.kvstore.media.extents.follow import ExtentFollower
+from loadwise.kvstore.media.extents.medium import ExtentMedium
 
 BLOCK = 4096
 
@@ -22,14 +22,14 @@ def payload(key: int) -> bytes:
     return key.to_bytes(8, "little") * (BLOCK // 8)
 
 
-def medium(root: Path, capacity_blocks: int = 64, extent_blocks: int = 4) -> SSDMedium:
-    return SSDMedium(root, capacity_blocks * BLOCK, extent_blocks * BLOCK, fsync=False,
+def medium(root: Path, capacity_blocks: int = 64, extent_blocks: int = 4) -> ExtentMedium:
+    return ExtentMedium(root, capacity_blocks * BLOCK, extent_blocks * BLOCK, fsync=False,
                      prealloc_bytes=BLOCK, read_depth=1)
 
 
 def test_follower_sees_puts_after_a_refresh_and_reads_them(tmp_path: Path) -> None:
     writer = medium(tmp_path)
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     assert follower.refresh() == 0 and 1 not in follower
     writer.put_many(7, [(1, payload(1)), (2, payload(2))])
     assert 1 not in follower  # nothing is seen before a refresh
@@ -44,7 +44,7 @@ def test_follower_sees_puts_after_a_refresh_and_reads_them(tmp_path: Path) -> No
 
 def test_evicted_extents_are_misses_before_and_after_a_refresh(tmp_path: Path) -> None:
     writer = medium(tmp_path, capacity_blocks=4, extent_blocks=2)
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     writer.put_many(1, [(10, payload(10)), (11, payload(11))])
     writer.put_many(2, [(20, payload(20)), (21, payload(21))])
     follower.refresh()
@@ -65,7 +65,7 @@ def test_a_record_being_appended_is_applied_once_whole(tmp_path: Path) -> None:
     record = journal.read_bytes()[len(whole):]
     writer.close()
     journal.write_bytes(whole + record[:-3])  # the second record, not yet whole
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     assert follower.refresh() == 1 and 2 not in follower
     with journal.open("ab") as fh:
         fh.write(record[-3:])
@@ -78,7 +78,7 @@ def test_a_writer_reopening_after_a_torn_record_is_followed(tmp_path: Path) -> N
     writer.close()
     with (tmp_path / "index.journal").open("ab") as fh:
         fh.write(b"\x32\x4b\x57\x4c torn")  # a crash in the middle of an append
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     assert follower.refresh() == 1
     writer = medium(tmp_path)  # truncates the torn record and appends in its place
     writer.put_many(2, [(2, payload(2))])
@@ -90,7 +90,7 @@ def test_a_writer_reopening_after_a_torn_record_is_followed(tmp_path: Path) -> N
 def test_corrupt_block_is_a_miss(tmp_path: Path) -> None:
     writer = medium(tmp_path)
     writer.put_many(1, [(1, payload(1)), (2, payload(2))])
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     follower.refresh()
     loc = follower.index[2]
     fd = os.open(tmp_path / "extents" / f"{loc.extent}.ext", os.O_RDWR)
@@ -103,7 +103,7 @@ def test_corrupt_block_is_a_miss(tmp_path: Path) -> None:
 def test_a_store_created_again_is_replayed_from_the_start(tmp_path: Path) -> None:
     writer = medium(tmp_path)
     writer.put_many(1, [(1, payload(1)), (2, payload(2))])
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     follower.refresh()
     writer.close()
     shutil.rmtree(tmp_path / "extents")
@@ -126,7 +126,7 @@ def test_after_a_refresh_the_follower_agrees_with_the_writer(
     root = Path(tempfile.mkdtemp())
     try:
         writer = medium(root, capacity_blocks=8, extent_blocks=3)
-        follower = SSDFollower(root)
+        follower = ExtentFollower(root)
         for session, key, refresh in ops:
             writer.put_many(session, [(key, payload(key))])
             if refresh:
@@ -149,7 +149,7 @@ def test_a_journal_cut_below_what_was_applied_is_replayed_again(tmp_path: Path) 
     first = (tmp_path / "index.journal").stat().st_size
     writer.put_many(1, [(2, payload(2))])
     writer.close()
-    follower = SSDFollower(tmp_path)
+    follower = ExtentFollower(tmp_path)
     assert follower.refresh() == 2
     os.truncate(tmp_path / "index.journal", first)
     assert follower.refresh() == 1

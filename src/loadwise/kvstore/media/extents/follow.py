@@ -1,4 +1,4 @@
-"""A read-only view of an SSD medium that another process writes (:class:`SSDMedium`): its
+"""A read-only view of an SSD medium that another process writes (:class:`ExtentMedium`): its
 index is rebuilt from the writer's journal, followed from where this reader last stopped.
 
 This is how processes other than the writer can look blocks up and read them: vLLM's scheduler
@@ -23,13 +23,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loadwise.kvstore.ssd import OP_PUT, journal_records, older_format
-from loadwise.kvstore.ssd_read import Location, buffer_bytes, plan_runs, read_buffer, read_runs
+from loadwise.kvstore.media.extents.medium import OP_PUT, journal_records, older_format
+from loadwise.kvstore.media.extents.read import (
+    Location,
+    buffer_bytes,
+    plan_runs,
+    read_buffer,
+    read_runs,
+)
 
 MAX_OWN_BUFFER_BYTES = 1 << 30  # a larger read gets a buffer of its own
 
 
-class SSDFollower:
+class ExtentFollower:
     """``direct``: read with O_DIRECT (bypassing the page cache, so a read costs what the
     device does; the caller checks the file system allows it), ``read_depth`` sub-reads of
     ``read_chunk_bytes`` in flight."""

@@ -13,7 +13,7 @@ Durability invariants:
   * every read verifies the block's checksum (XXH3-64): a torn or corrupt block is reported
     missing, never returned.
 Blocks never move. Eviction drops whole extents (least recently used session first). Where each
-block goes and what is evicted is decided by :class:`loadwise.kvstore.extents.ExtentLayout`, the same
+block goes and what is evicted is decided by :class:`loadwise.kvstore.media.extents.layout.ExtentLayout`, the same
 object the replay's simulated SSD uses; this module carries the decisions out on files.
 
 Checksum: XXH3-64 rather than zlib's CRC32, because a read verifies every byte it returns and
@@ -45,9 +45,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loadwise.errors import ConfigError, LoadwiseError
-from loadwise.kvstore.extents import Extent, ExtentLayout, Slot
-from loadwise.kvstore.ssd_read import (
+from loadwise.errors import ConfigError
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.extents.layout import Extent, ExtentLayout, Slot
+from loadwise.kvstore.media.extents.read import (
     DIRECT_ALIGN,
     Location,
     Run,
@@ -65,10 +66,6 @@ HEADER = struct.Struct("<IIBI")  # magic, crc32 of op + body, op, body length
 PUT = struct.Struct("<QQIQIQ")  # key, session, extent, offset, length, block checksum
 DROP = struct.Struct("<I")  # extent id
 OP_PUT, OP_DROP = 1, 2
-
-
-class StoreError(LoadwiseError, RuntimeError):
-    """Storage problem the user must act on (unwritable directory, full disk)."""
 
 
 JournalRecord = tuple[int, tuple[int, ...]]  # (OP_PUT, PUT fields) or (OP_DROP, (extent,))
@@ -98,7 +95,7 @@ def older_format(data: bytes) -> bool:
     return len(data) >= 4 and struct.unpack_from("<I", data)[0] == MAGIC_V1
 
 
-class SSDMedium:
+class ExtentMedium:
     def __init__(self, root: str | Path, capacity_bytes: int, extent_bytes: int,
                  fsync: bool = True, prealloc_bytes: int | None = None,
                  direct_reads: bool = False, read_depth: int = 2,
@@ -123,7 +120,7 @@ class SSDMedium:
             (self.root / "extents").mkdir(parents=True, exist_ok=True)
             self._journal = open(self.root / "index.journal", "ab+")  # noqa: SIM115
         except OSError as exc:
-            raise StoreError(f"cannot use {self.root} for the SSD store: {exc.strerror}") from exc
+            raise StoreError(f"cannot use {self.root} for the extents medium: {exc.strerror}") from exc
         self._fds: dict[int, int] = {}
         self._direct_fds: dict[int, int] = {}
         self.direct_reads = direct_reads
@@ -291,7 +288,7 @@ class SSDMedium:
                                  f"{need} B (read_bytes_needed)")
             if self.direct_reads and need and buffer_address(into) % DIRECT_ALIGN:
                 raise ValueError(f"O_DIRECT reads need a buffer aligned to {DIRECT_ALIGN} B: "
-                                 "use loadwise.kvstore.ssd_read.read_buffer()")
+                                 "use loadwise.kvstore.media.extents.read.read_buffer()")
         out: list[memoryview | None] = [None] * len(keys)
         if runs:
             self._read_runs(runs, memoryview(into), out)  # type: ignore[arg-type]

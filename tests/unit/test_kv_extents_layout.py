@@ -1,4 +1,4 @@
-"""The SSD layout rules (kvstore/extents.py), and that the real medium and the replay's simulated
+"""The SSD layout rules (kvstore/media/extents/layout.py), and that the real medium and the replay's simulated
 one make the same decisions because they share them."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from loadwise.errors import ConfigError
 from loadwise.kvsim.replay import SimSSD
-from loadwise.kvstore.extents import ExtentLayout
-from loadwise.kvstore.ssd import SSDMedium
-from loadwise.kvstore.ssd_read import Location
+from loadwise.kvstore.media.extents.layout import ExtentLayout
+from loadwise.kvstore.media.extents.medium import ExtentMedium
+from loadwise.kvstore.media.extents.read import Location
 
 BLOCK = 512
 
@@ -81,7 +81,7 @@ def test_real_medium_and_replay_make_the_same_decisions(
     sim = SimSSD(BLOCK, capacity_blocks, extent_blocks)
     assert sim.layout is not None
     with tempfile.TemporaryDirectory() as tmp:
-        real = SSDMedium(tmp, capacity_bytes=capacity_blocks * BLOCK,
+        real = ExtentMedium(tmp, capacity_bytes=capacity_blocks * BLOCK,
                          extent_bytes=extent_blocks * BLOCK, fsync=False, prealloc_bytes=BLOCK,
                          read_depth=1)
         for op, session, key in ops:
@@ -99,7 +99,7 @@ def test_real_medium_and_replay_make_the_same_decisions(
             assert list(real.extents) == list(sim.layout.extents)
             assert real.used_bytes <= capacity_blocks * BLOCK
         real.close()
-        again = SSDMedium(tmp, capacity_bytes=capacity_blocks * BLOCK,
+        again = ExtentMedium(tmp, capacity_bytes=capacity_blocks * BLOCK,
                           extent_bytes=extent_blocks * BLOCK, fsync=False, prealloc_bytes=BLOCK)
         assert places(again.index) == places(sim.layout.index)
         assert again.used_bytes == sim.layout.used_bytes

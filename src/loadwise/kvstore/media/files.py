@@ -1,11 +1,11 @@
-"""The KV connector's SSD store: one file per block under ``root/blocks``, named by its key.
+"""The files medium: one file per KV block under ``root/blocks``, named by its key.
 
 Any process can ask whether a block is stored (a ``stat``, no shared index): vLLM's scheduler
 asks while the worker, in another process, writes. A block is written to a temporary file,
 fsync'ed and renamed into place, so a reader sees a whole block or none; what a crash leaves
 behind is a temporary file (removed on open) or, on a disk that lies about fsync, a torn block
-that its header check turns into a miss. Writes run on one writer thread off the engine's step
-path; when its queue is full a save is dropped (counted), never waited for. Capacity: the
+that its header check turns into a miss. Writes run on the disk media's queued writer
+(``media/writer.py``), one block at a time, off the engine's step path. Capacity: the
 least recently used blocks are deleted once the store holds more than ``capacity_bytes``.
 """
 
@@ -13,28 +13,17 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from loadwise.errors import EngineConfigError
-from loadwise.kvstore.ssd import StoreError
+from loadwise.kvstore.media.base import StoreCounters, StoreError
+from loadwise.kvstore.media.writer import Block, QueuedWriter
 
 logger = logging.getLogger("loadwise.kv")
 SUFFIX = ".blk"
-
-
-@dataclass(slots=True)
-class StoreCounters:
-    blocks_written: int = 0
-    bytes_written: int = 0
-    blocks_read: int = 0
-    bytes_read: int = 0
-    saves_dropped: int = 0  # queue full or a write failed: the block is simply not stored
-    blocks_evicted: int = 0
-    write_errors: int = 0
 
 
 def prepare_dir(root: Path) -> None:
@@ -78,7 +67,6 @@ class FileBlockStore:
         self.blocks = self.root / "blocks"
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
-        self.queue_bytes = queue_bytes
         self.counters = StoreCounters()
         try:
             prepare_dir(self.root)
@@ -88,15 +76,13 @@ class FileBlockStore:
         self._lru: OrderedDict[str, int] = OrderedDict()
         self.used_bytes = 0
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
-        self._queued_bytes = 0
-        self._writer: threading.Thread | None = None
+        self._writer = QueuedWriter(self._write_batch, self._dropped, queue_bytes)
         self._logged_error = False
 
     def counters_json(self) -> dict[str, int]:
         with self._lock:
             return {**asdict(self.counters), "used_bytes": self.used_bytes,
-                    "num_blocks": len(self._lru), "queued_bytes": self._queued_bytes}
+                    "num_blocks": len(self._lru), "queued_bytes": self._writer.queued_bytes}
 
     # --- names ------------------------------------------------------------------------------
     def path(self, key: str) -> Path:
@@ -141,19 +127,12 @@ class FileBlockStore:
             self._lru[key] = size
             self.used_bytes += size
         self._evict()
-        self._writer = threading.Thread(target=self._run, name="loadwise-kv-writer", daemon=True)
         self._writer.start()
 
     def submit(self, key: str, blob: bytes, session: int = 0) -> bool:
         """Queue a block for writing; False (and counted) when the queue is full. ``session``
         is not used here (every block has its own file)."""
-        with self._lock:
-            if self._queued_bytes + len(blob) > self.queue_bytes:
-                self.counters.saves_dropped += 1
-                return False
-            self._queued_bytes += len(blob)
-        self._queue.put((key, blob))
-        return True
+        return self._writer.submit(key, blob, session)
 
     def write_now(self, key: str, blob: bytes, session: int = 0) -> None:
         """Write a block on the caller's thread (durable on return unless the write failed,
@@ -162,31 +141,18 @@ class FileBlockStore:
 
     def flush(self) -> None:
         """Wait until every queued block is written (or dropped)."""
-        self._queue.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
+        self._writer.close()
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                key, blob = item
-                try:
-                    self._write(key, blob)
-                except Exception:  # the writer must outlive any one block
-                    logger.exception("loadwise: KV store writer failed on block %s", key)
-                    with self._lock:
-                        self.counters.saves_dropped += 1
-                with self._lock:
-                    self._queued_bytes -= len(blob)
-            finally:
-                self._queue.task_done()
+    def _write_batch(self, blocks: list[Block]) -> None:
+        for key, blob, _ in blocks:
+            self._write(key, blob)
+
+    def _dropped(self, n: int) -> None:
+        with self._lock:
+            self.counters.saves_dropped += n
 
     def _write(self, key: str, blob: bytes) -> None:
         path = self.path(key)

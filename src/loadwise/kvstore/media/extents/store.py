@@ -1,18 +1,19 @@
-"""The connector's store on the SSD medium's per-session extents (``kvstore/ssd.py``), the medium the
-replay models: the same interface as the file store (``kvstore/filestore.py``), for vLLM's processes.
+"""The extents medium as the connector's store: per-session extents
+(``kvstore/media/extents/medium.py``), the medium the replay models, behind the same interface as
+the files medium (``kvstore/media/files.py``), for vLLM's processes.
 
-Layout under ``root/writers``: one :class:`SSDMedium` per writing process, named by its engine
+Layout under ``root/writers``: one :class:`ExtentMedium` per writing process, named by its engine
 (``main``, ``prefill``, ``decode``). Only that engine's worker writes there; a lock on the
 directory keeps a second live process from writing under the same name, and the kernel drops it
 when the process dies. Every process reads every writer's blocks through followers of their
-journals (``kvstore/ssd_follow.py``): vLLM's scheduler looks blocks up, the worker loads them,
-another engine on the same store does both. A block is seen once its journal record is durable,
+journals (``kvstore/media/extents/follow.py``): vLLM's scheduler looks blocks up, the worker
+loads them, another engine on the same store does both. A block is seen once its journal record is durable,
 and its record is written only after its bytes are.
 
-Writes run on one writer thread off the engine's step path. It takes the queued blocks in
-batches and appends each session's blocks to that session's extent in one put: one data fsync
-and one journal fsync per batch and session, where the file store pays one per block. When the
-queue is full a save is dropped and counted, never waited for. Capacity: each writer keeps at
+Writes run on the disk media's queued writer (``media/writer.py``), off the engine's step path,
+in batches: each session's blocks of a batch go to that session's extent in one put, one data
+fsync and one journal fsync per batch and session, where the files medium pays one per block.
+Capacity: each writer keeps at
 most ``capacity_bytes``; whole extents go, least recently written first (the writer does not see
 other processes' reads).
 
@@ -25,16 +26,16 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import queue
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from loadwise.kvstore.filestore import StoreCounters
-from loadwise.kvstore.ssd import SSDMedium, StoreError
-from loadwise.kvstore.ssd_follow import SSDFollower
-from loadwise.kvstore.ssd_read import o_direct_supported
+from loadwise.kvstore.media.base import StoreCounters, StoreError
+from loadwise.kvstore.media.extents.follow import ExtentFollower
+from loadwise.kvstore.media.extents.medium import ExtentMedium
+from loadwise.kvstore.media.extents.read import o_direct_supported
+from loadwise.kvstore.media.writer import Block, QueuedWriter
 
 logger = logging.getLogger("loadwise.kv")
 # How often a hit re-reads the journals (a miss always does): what the writers evicted since
@@ -62,8 +63,6 @@ class ExtentBlockStore:
         self.capacity_bytes = capacity_bytes
         self.extent_blocks = max(1, extent_blocks)
         self.fsync = fsync
-        self.queue_bytes = queue_bytes
-        self.batch_blocks = max(1, batch_blocks)
         self.counters = StoreCounters()
         try:
             self.writers.mkdir(parents=True, exist_ok=True)
@@ -76,18 +75,16 @@ class ExtentBlockStore:
             raise StoreError(f"{self.root} is on a file system without O_DIRECT: drop "
                              "--kv-direct-reads there")
         self.direct_reads = direct_reads
-        self._followers: dict[str, SSDFollower] = {}
+        self._followers: dict[str, ExtentFollower] = {}
         self._refreshed_at = -1.0
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # the writer thread and write_now share the medium
-        self._medium: SSDMedium | None = None
+        self._medium: ExtentMedium | None = None
         self._lock_fd: int | None = None
         # Session ids are per scheduler process; a nonce keeps a restarted engine's sessions
         # apart from those already on disk.
         self._nonce = int.from_bytes(os.urandom(4), "little") << 32
-        self._queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue()
-        self._queued_bytes = 0
-        self._thread: threading.Thread | None = None
+        self._writer = QueuedWriter(self._write_batch, self._dropped, queue_bytes, batch_blocks)
         self._logged_error = False
 
     # --- reads (any process) ------------------------------------------------------------------
@@ -103,7 +100,7 @@ class ExtentBlockStore:
             names = []
         for name in names:
             if name not in self._followers:
-                self._followers[name] = SSDFollower(self.writers / name,
+                self._followers[name] = ExtentFollower(self.writers / name,
                                                     direct=self.direct_reads,
                                                     read_depth=2 if self.direct_reads else 1)
         for name in list(self._followers):
@@ -165,8 +162,7 @@ class ExtentBlockStore:
         """Take this writer's directory and start the writer thread. Only the process that
         writes (an engine's worker) calls this."""
         self._take_lock()
-        self._thread = threading.Thread(target=self._run, name="loadwise-kv-writer", daemon=True)
-        self._thread.start()
+        self._writer.start()
 
     def _take_lock(self) -> None:
         if self._lock_fd is not None:
@@ -187,13 +183,7 @@ class ExtentBlockStore:
 
     def submit(self, key: str, blob: bytes, session: int = 0) -> bool:
         """Queue a block for writing; False (and counted) when the queue is full."""
-        with self._lock:
-            if self._queued_bytes + len(blob) > self.queue_bytes:
-                self.counters.saves_dropped += 1
-                return False
-            self._queued_bytes += len(blob)
-        self._queue.put((self._nonce | session, int_key(key), blob))
-        return True
+        return self._writer.submit(key, blob, session)
 
     def write_now(self, key: str, blob: bytes, session: int = 0) -> None:
         """Write a block on the caller's thread (durable on return unless the write failed,
@@ -202,13 +192,10 @@ class ExtentBlockStore:
 
     def flush(self) -> None:
         """Wait until every queued block is written (or dropped)."""
-        self._queue.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        self._writer.close()
         with self._lock:
             if self._medium is not None:
                 self._medium.close()
@@ -231,37 +218,19 @@ class ExtentBlockStore:
                     "used_bytes": self._medium.used_bytes if self._medium is not None else
                     sum(loc.length for loc in own.index.values()) if own is not None else 0,
                     "num_blocks": len(own.index) if own is not None else 0,
-                    "queued_bytes": self._queued_bytes}
+                    "queued_bytes": self._writer.queued_bytes}
 
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            batch = [first]
-            while first is not None and len(batch) < self.batch_blocks:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            items = [b for b in batch if b is not None]
-            try:
-                by_session: dict[int, list[tuple[int, bytes]]] = {}
-                for session, k, blob in items:
-                    by_session.setdefault(session, []).append((k, blob))
-                for session, blocks in by_session.items():
-                    try:
-                        self._put(session, blocks)
-                    except Exception:  # the writer must outlive any one batch
-                        logger.exception("loadwise: KV store writer failed on %d blocks",
-                                         len(blocks))
-                        with self._lock:
-                            self.counters.saves_dropped += len(blocks)
-            finally:
-                with self._lock:
-                    self._queued_bytes -= sum(len(blob) for _, _, blob in items)
-                for _ in batch:
-                    self._queue.task_done()
-            if None in batch:
-                return
+    def _write_batch(self, blocks: list[Block]) -> None:
+        """A batch's blocks, each session's in one put (in the order queued)."""
+        by_session: dict[int, list[tuple[int, bytes]]] = {}
+        for key, blob, session in blocks:
+            by_session.setdefault(self._nonce | session, []).append((int_key(key), blob))
+        for session, items in by_session.items():
+            self._put(session, items)
+
+    def _dropped(self, n: int) -> None:
+        with self._lock:
+            self.counters.saves_dropped += n
 
     def _put(self, session: int, blocks: list[tuple[int, bytes]]) -> None:
         try:
@@ -281,14 +250,14 @@ class ExtentBlockStore:
             self.counters.bytes_written += sum(len(b) for _, b in blocks)
             self.counters.blocks_evicted += len(evicted)
 
-    def _open_medium(self, block_bytes: int) -> SSDMedium:
+    def _open_medium(self, block_bytes: int) -> ExtentMedium:
         """This writer's medium, opened (and its journal recovered) at its first write, when
         the block size that sets the extent size is known."""
         with self._lock:
             if self._medium is None:
                 self._take_lock()
                 extent = min(self.capacity_bytes, self.extent_blocks * block_bytes)
-                self._medium = SSDMedium(self.writers / self.writer, self.capacity_bytes,
+                self._medium = ExtentMedium(self.writers / self.writer, self.capacity_bytes,
                                          max(extent, block_bytes), fsync=self.fsync,
                                          prealloc_bytes=block_bytes, read_depth=1)
             return self._medium
