@@ -62,7 +62,8 @@ def test_each_installed_library_registers_the_ops_the_rules_say() -> None:
     for name in ("_C", "_C_AVX512", "_C_AVX2"):
         (lib,) = root.glob(f"{name}.*so")
         lacks = ck.LIBRARY_LACKS.get(name, frozenset())
-        for op in ("cpu_gemm_wna16", "onednn_scaled_mm", "dynamic_scaled_int8_quant"):
+        for op in ("cpu_gemm_wna16", "onednn_scaled_mm", "dynamic_scaled_int8_quant",
+                   "int8_scaled_mm_with_quant", "convert_weight_packed"):
             assert _registers(lib, op) == (op not in lacks), (name, op)
 
 
@@ -99,13 +100,20 @@ def test_vllms_amx_int8_kernel_takes_every_smollm2_linear_and_refuses_float32(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Why W8A8 needs bf16 on AMX, read from vLLM itself: with AMX, its dispatch sends each of
     the model's int8 linears (N x K) to ``int8_scaled_mm_with_quant``, whose first check
-    refuses a float32 input (before any AMX instruction, so it runs on any CPU)."""
+    refuses a float32 input (before any AMX instruction, so it runs on any CPU whose library
+    has the op). Where the library this CPU loads has no such op (``_C_AVX2``, ``_C_AVX512``),
+    the CPU has no AMX either and the dispatch never picks it."""
     import torch
     from vllm import _custom_ops  # noqa: F401  (loads the kernels)
     from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
 
+    shapes = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+    if not ck.has_op(ck.isa_flags(), "int8_scaled_mm_with_quant"):
+        assert not any(check_cpu_sgl_kernel(n, k, torch.int8) for n, k in shapes)
+        assert not hasattr(torch.ops._C, "int8_scaled_mm_with_quant")
+        return
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    for n, k in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
+    for n, k in shapes:
         assert check_cpu_sgl_kernel(n, k, torch.int8)
     monkeypatch.undo()
     w = torch.randint(-127, 128, (32, 64), dtype=torch.int8)

@@ -50,6 +50,19 @@ def test_exact_plus_excess_is_the_saturating_gemm(problem: tuple[torch.Tensor, t
     assert torch.equal(got, _vpmaddubsw_gemm(q_a, q_w))
 
 
+def test_inputs_longer_than_a_block_are_summed_as_the_gemm_does() -> None:
+    """More rows than one block (``ROWS_PER_BLOCK``), weights at full range of both signs."""
+    from loadwise.quant.accumulate import ROWS_PER_BLOCK
+
+    g = torch.Generator().manual_seed(1)
+    q_a = torch.randint(-128, 128, (2 * ROWS_PER_BLOCK + 37, 10), generator=g).to(torch.int8)
+    q_w = torch.randint(-127, 128, (7, 10), generator=g).to(torch.int8)
+    exact = q_a.to(torch.int64) @ q_w.to(torch.int64).T
+    got = exact + PairSaturation(q_w).excess(q_a).to(torch.int64)
+    assert PairSaturation(q_w).num_candidates > 0
+    assert torch.equal(got, _vpmaddubsw_gemm(q_a, q_w))
+
+
 def test_weights_within_half_the_range_never_saturate() -> None:
     g = torch.Generator().manual_seed(0)
     q_w = torch.randint(-64, 65, (64, 128), generator=g).to(torch.int8)

@@ -40,7 +40,10 @@ AVX512 = frozenset({"avx512f", "avx512vl", "avx512bw"})
 # Instructions that give oneDNN an int8 dot product accumulated in int32.
 INT8_DOT = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 # Ops a kernel library does not register (checked against the installed wheel by a test).
-LIBRARY_LACKS: Mapping[str, frozenset[str]] = {"_C_AVX2": frozenset({"cpu_gemm_wna16"})}
+# The AMX int8 GEMM (and its weight packing) is built into ``_C`` alone: the AVX-512 BF16 one.
+_AMX_INT8 = frozenset({"int8_scaled_mm_with_quant", "convert_weight_packed"})
+LIBRARY_LACKS: Mapping[str, frozenset[str]] = {"_C_AVX2": frozenset({"cpu_gemm_wna16"}) | _AMX_INT8,
+                                               "_C_AVX512": _AMX_INT8}
 # What an emulated ISA keeps of the real flags, and what tells oneDNN, ATen and MKL the same.
 EMULATIONS: Mapping[str, frozenset[str]] = {"avx2": frozenset({"avx2", "fma"})}
 _EMULATION_ENV: Mapping[str, Mapping[str, str]] = {

@@ -8,8 +8,10 @@ exact compensation (``128 * sum(w)``). So the result is the exact sum plus, for 
 beyond int16, the amount it was clipped by (``config.cpu_kernels`` says which CPU does which;
 checked against the engine's kernel to float rounding by tests/integration/test_quant.py).
 
-A pair can saturate only where ``255 * (|w0| + |w1|) > 32767``, i.e. ``|w0| + |w1| >= 129``:
-those pairs are found once per weight, and only they are recomputed per input."""
+A pair can saturate only where its weights have the same sign and ``255 * |w0 + w1| > 32767``,
+i.e. ``|w0 + w1| >= 129`` (u8 is never negative: with opposite signs, or a zero, the pair's sum
+is within ``255 * 128``): those pairs are found once per weight, and only they are recomputed per
+input, a block of rows at a time (the gathered pairs of a block stay in cache)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 INT16_MAX = 32767
 U8_SHIFT = 128
 U8_MAX = 255
+ROWS_PER_BLOCK = 256  # input rows whose gathered pairs are computed together
 
 
 class PairSaturation:
@@ -29,7 +32,8 @@ class PairSaturation:
         if w.shape[1] % 2:
             w = torch.nn.functional.pad(w, (0, 1))
         w0, w1 = w[:, 0::2], w[:, 1::2]  # [N, K/2]
-        rows, pairs = torch.nonzero(U8_MAX * (w0.abs() + w1.abs()) > INT16_MAX, as_tuple=True)
+        can = (w0 * w1 > 0) & (U8_MAX * (w0 + w1).abs() > INT16_MAX)
+        rows, pairs = torch.nonzero(can, as_tuple=True)
         self.rows, self.pairs = rows, pairs
         self.w0, self.w1 = w0[rows, pairs].float(), w1[rows, pairs].float()
         self.num_rows = int(w.shape[0])
@@ -49,6 +53,12 @@ class PairSaturation:
         if not self.num_candidates:
             return out
         u = a + U8_SHIFT
-        pair = u[:, 0::2][:, self.pairs] * self.w0 + u[:, 1::2][:, self.pairs] * self.w1
-        clipped = pair.clamp(-INT16_MAX - 1, INT16_MAX) - pair  # exact in float32 (< 2^24)
-        return out.index_add_(1, self.rows, clipped)
+        u0, u1 = u[:, 0::2].contiguous(), u[:, 1::2].contiguous()
+        for start in range(0, a.shape[0], ROWS_PER_BLOCK):
+            rows = slice(start, start + ROWS_PER_BLOCK)
+            pair = u0[rows].index_select(1, self.pairs).mul_(self.w0)
+            pair.addcmul_(u1[rows].index_select(1, self.pairs), self.w1)
+            # Exact in float32: every value is an integer below 2^24.
+            clipped = pair.clamp(-INT16_MAX - 1, INT16_MAX).sub_(pair)
+            out[rows].index_add_(1, self.rows, clipped)
+        return out
