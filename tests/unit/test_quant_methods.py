@@ -308,6 +308,7 @@ def test_each_method_owns_its_parameters_and_refuses_another_methods() -> None:
         QuantMethod.build("hessian", tokens=4096)
     with pytest.raises(MethodError, match="takes SmoothQuantParams"):
         QuantMethod("smoothquant", HessianParams())
+    assert QuantMethod("hessian").params == HessianParams()
     for name in METHODS:
         qm = QuantMethod(name)
         assert QuantMethod.from_json(qm.to_json()) == qm

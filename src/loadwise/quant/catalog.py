@@ -6,7 +6,7 @@ the calibration sizes."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from loadwise.errors import LoadwiseError
 
@@ -123,13 +123,16 @@ class QuantMethod:
     session keys the weights it prepared by it)."""
 
     name: str
-    params: Params = field(default_factory=Params)
+    # Left out: the method's own defaults (each method's Params subclass, built here).
+    params: Params = field(default=cast(Params, None))
 
     def __post_init__(self) -> None:
         try:
             want = method(self.name).params
         except UnknownMethodError as e:
             raise MethodError(str(e)) from None
+        if self.params is None:
+            object.__setattr__(self, "params", want())
         if type(self.params) is not want:
             raise MethodError(f"{self.name} takes {want.__name__}, not "
                               f"{type(self.params).__name__}")

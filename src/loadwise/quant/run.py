@@ -192,8 +192,8 @@ class Session:
         t0 = time.perf_counter()
         qm, search = cfg.method, dict[str, float]()
         if isinstance(qm.params, SmoothQuantParams) and qm.params.alpha is None:
-            alpha, search = self.choose_alpha(cfg)
-            qm = qm.with_params(alpha=alpha)
+            chosen, search = self.choose_alpha(cfg)
+            qm = qm.with_params(alpha=chosen)
         model = self.quantized(cfg, qm)
         t1 = time.perf_counter()
         wins = ppl.windows(self.ids(cfg.text), max_windows=cfg.max_windows)
