@@ -17,12 +17,9 @@ from importlinter.domain.imports import ModuleExpression
 
 def is_glue(relative: str, glue: set[str]) -> bool:
     """Whether a module's name below its capability package (``handoff.pull_worker``) says glue."""
-    for part in relative.split("."):
-        head, _, _ = part.partition("_")
-        _, _, tail = part.rpartition("_")
-        if part in glue or (head in glue and "_" in part) or (tail in glue and "_" in part):
-            return True
-    return False
+    # A part without "_" is its own first and last word.
+    return any(part.partition("_")[0] in glue or part.rpartition("_")[2] in glue
+               for part in relative.split("."))
 
 
 class PureByName(ForbiddenContract):

@@ -129,7 +129,7 @@ def measure(directory: str | Path | None = None, block_bytes: int = 1 << 20,
         direct = o_direct_supported(root)
         # Room for every session plus the single-block sessions below: nothing is evicted.
         ssd = ExtentMedium(root / "store", capacity_bytes=total_bytes * 2 + 32 * block_bytes * blocks_per_session,
-                        extent_bytes=block_bytes * blocks_per_session, direct_reads=direct)
+                           extent_bytes=block_bytes * blocks_per_session, direct_reads=direct)
         nbytes = n_written * block_bytes  # every rate below is over these bytes
         t0 = time.perf_counter()
         for s in range(n_sessions):

@@ -24,8 +24,8 @@ class RealSSDIO:
         self.block_bytes = block_bytes
         Path(root).mkdir(parents=True, exist_ok=True)
         self.ssd = ExtentMedium(root, capacity_bytes=capacity_bytes,
-                             extent_bytes=block_bytes * extent_blocks,
-                             direct_reads=o_direct_supported(root))
+                                extent_bytes=block_bytes * extent_blocks,
+                                direct_reads=o_direct_supported(root))
         self._payload = os.urandom(block_bytes)
         # One staging buffer reused by every read, as a KV connector loads through its own.
         self._staging = read_buffer(block_bytes * extent_blocks)

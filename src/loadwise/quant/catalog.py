@@ -11,11 +11,11 @@ from typing import Any, ClassVar, cast
 from loadwise.errors import LoadwiseError
 
 
-class UnknownMethodError(LoadwiseError, ValueError):
+class MethodError(LoadwiseError, ValueError):
     pass
 
 
-class MethodError(LoadwiseError, ValueError):
+class UnknownMethodError(MethodError):
     pass
 
 
@@ -127,10 +127,7 @@ class QuantMethod:
     params: Params = field(default=cast(Params, None))
 
     def __post_init__(self) -> None:
-        try:
-            want = method(self.name).params
-        except UnknownMethodError as e:
-            raise MethodError(str(e)) from None
+        want = method(self.name).params
         if self.params is None:
             object.__setattr__(self, "params", want())
         if type(self.params) is not want:
@@ -145,15 +142,11 @@ class QuantMethod:
     def build(cls, name: str, **given: Any) -> QuantMethod:
         """``name`` with the parameters ``given`` (None: not given, the method's default); a
         one-line error naming the option when the method takes no such parameter."""
-        try:
-            params = method(name).params
-        except UnknownMethodError as e:
-            raise MethodError(str(e)) from None
+        params = method(name).params
         known = {f.name for f in fields(params)}
         for key, value in given.items():
             if value is not None and key not in known:
-                raise MethodError(f"--method {name} does not take "
-                                  f"{_flag(key)}")
+                raise MethodError(f"--method {name} does not take {_flag(key)}")
         return cls(name, params(**{k: v for k, v in given.items() if v is not None}))
 
     def with_params(self, **changes: Any) -> QuantMethod:

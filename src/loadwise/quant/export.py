@@ -187,4 +187,4 @@ def _workdir(qm: QuantMethod, spec: QuantSpec, model_dir: Path) -> Path | None:
     if not isinstance(qm.params, HessianParams):
         return None
     return hessian.run_dir(qm.params, loadwise_home() / "quant-runs", spec, model_dir,
-                           f"ptb-train:{CALIB_SEGMENTS}x{CALIB_TOKENS}:0")
+                           CALIB_SEGMENTS, CALIB_TOKENS, 0)

@@ -60,10 +60,11 @@ from loadwise.quant.weights import gptq_matrix, layer_inputs
 
 
 def run_dir(params: HessianParams, root: Path, spec: QuantSpec, model_dir: Path,
-            calibration: str) -> Path:
+            calib_segments: int, calib_tokens: int, calib_seed: int) -> Path:
     """Where a run with ``params`` on ``model_dir`` keeps its finished layers: the same command
-    run again resumes it (or reads a finished run back). ``calibration`` names the calibration
-    set."""
+    run again resumes it (or reads a finished run back). ``calib_*``: the PTB train
+    calibration set it solved on."""
+    calibration = f"ptb-train:{calib_segments}x{calib_tokens}:{calib_seed}"
     files = [[p.name, p.stat().st_size, p.stat().st_mtime_ns]
              for p in sorted(model_dir.glob("*.safetensors"))]
     blob = json.dumps({"cfg": asdict(params), "spec": spec.to_json(), "calibration": calibration,

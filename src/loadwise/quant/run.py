@@ -173,7 +173,7 @@ class Session:
         if not isinstance(params, HessianParams):
             return None
         return hessian.run_dir(params, self.work_root, cfg.spec, self.model_dir,
-                               f"ptb-train:{cfg.calib_segments}x{cfg.calib_tokens}:{cfg.seed}")
+                               cfg.calib_segments, cfg.calib_tokens, cfg.seed)
 
     def forget(self) -> None:
         """Drop the prepared weights (memory: one float32 model each)."""

@@ -41,7 +41,7 @@ def align_up(n: int, unit: int) -> int:
 
 
 def read_buffer(nbytes: int) -> mmap.mmap:
-    """A page-aligned buffer of at least ``nbytes`` for :meth:`SSDMedium.get_many` (``into``):
+    """A page-aligned buffer of at least ``nbytes`` for :meth:`ExtentMedium.get_many` (``into``):
     O_DIRECT needs an aligned destination, and an anonymous mapping always is."""
     return mmap.mmap(-1, max(align_up(nbytes, DIRECT_ALIGN), DIRECT_ALIGN))
 

@@ -7,15 +7,14 @@ Layout under ``root/writers``: one :class:`ExtentMedium` per writing process, na
 directory keeps a second live process from writing under the same name, and the kernel drops it
 when the process dies. Every process reads every writer's blocks through followers of their
 journals (``kvstore/media/extents/follow.py``): vLLM's scheduler looks blocks up, the worker
-loads them, another engine on the same store does both. A block is seen once its journal record is durable,
-and its record is written only after its bytes are.
+loads them, another engine on the same store does both. A block is seen once its journal record
+is durable, and its record is written only after its bytes are.
 
 Writes run on the disk media's queued writer (``media/writer.py``), off the engine's step path,
 in batches: each session's blocks of a batch go to that session's extent in one put, one data
 fsync and one journal fsync per batch and session, where the files medium pays one per block.
-Capacity: each writer keeps at
-most ``capacity_bytes``; whole extents go, least recently written first (the writer does not see
-other processes' reads).
+Capacity: each writer keeps at most ``capacity_bytes``; whole extents go, least recently written
+first (the writer does not see other processes' reads).
 
 Keys: the first 64 bits of the file store's key. A collision is caught by the block's header,
 which carries the full vLLM block hash: it is a miss, never wrong KV.
@@ -101,8 +100,8 @@ class ExtentBlockStore:
         for name in names:
             if name not in self._followers:
                 self._followers[name] = ExtentFollower(self.writers / name,
-                                                    direct=self.direct_reads,
-                                                    read_depth=2 if self.direct_reads else 1)
+                                                       direct=self.direct_reads,
+                                                       read_depth=2 if self.direct_reads else 1)
         for name in list(self._followers):
             if name not in names:
                 self._followers.pop(name).close()
@@ -258,6 +257,6 @@ class ExtentBlockStore:
                 self._take_lock()
                 extent = min(self.capacity_bytes, self.extent_blocks * block_bytes)
                 self._medium = ExtentMedium(self.writers / self.writer, self.capacity_bytes,
-                                         max(extent, block_bytes), fsync=self.fsync,
-                                         prealloc_bytes=block_bytes, read_depth=1)
+                                            max(extent, block_bytes), fsync=self.fsync,
+                                            prealloc_bytes=block_bytes, read_depth=1)
             return self._medium
