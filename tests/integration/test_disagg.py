@@ -41,8 +41,10 @@ def _gauge(url: str, name: str) -> float:
     return sum(v for _, v in parse_samples(text).get(name, []))
 
 
-def test_disaggregated_requests_decode_on_the_prefills_blocks_as_one_engine_would(
+def test_disaggregated_requests_decode_as_one_engine_would_and_refused_or_left_ones_free_all(
         engine, tmp_path: Path) -> None:
+    """Requests decode on the prefill's stored blocks as one engine would; then, on the same
+    server, a refused request and one its client leaves mid-stream leave both engines empty."""
     store = tmp_path / "store"
     # Chat prompts of 2-6 blocks: the prefill stores their full blocks, decode loads them.
     prompts = [engine.chat_prompt(p * 20) for p in builtin("sharegpt").head(3)]
@@ -77,6 +79,7 @@ def test_disaggregated_requests_decode_on_the_prefills_blocks_as_one_engine_woul
         assert r.status_code == 200, r.text
         second = r.json()["choices"][0]["text"]
         stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+        _refuse_and_leave(url, model, engine)
     finally:
         log = _stop(proc)
     assert "stopping both engines" in log
@@ -110,6 +113,33 @@ def _wait_idle(engines: dict[str, str], timeout_s: float = 60.0) -> list[float]:
         if busy == [0, 0] or time.monotonic() > deadline:
             return busy
         time.sleep(0.5)
+
+
+def _refuse_and_leave(url: str, model: str, engine: object) -> None:
+    """A prompt over the context limit is refused before it reaches prefill; a client that
+    leaves mid-stream has decode abort, and both engines' KV is free again."""
+    engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
+    before = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+    prompt_tokens = _gauge(engines["prefill"], "vllm:prompt_tokens_total")
+    generated = _gauge(engines["decode"], "vllm:generation_tokens_total")
+    r = _post(url, "/v1/completions", {"model": model, "prompt": "word " * 3000,
+                                       "max_tokens": 4})
+    assert r.status_code == 400 and "context limit" in r.json()["error"]["message"]
+    # nothing reached prefill
+    assert _gauge(engines["prefill"], "vllm:prompt_tokens_total") == prompt_tokens
+    prompt = engine.chat_prompt(builtin("sharegpt").head(1)[0] * 20)  # type: ignore[attr-defined]
+    with requests.post(f"{url}/v1/completions", stream=True, timeout=600, json={
+            "model": model, "prompt": prompt, "max_tokens": 1000, "ignore_eos": True,
+            "stream": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
+    assert _wait_idle(engines, timeout_s=30) == [0, 0]
+    stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+    assert stats["rejected"] - before["rejected"] == 1
+    assert (stats["client_gone"] + stats["completed"]
+            - before["client_gone"] - before["completed"]) == 1
+    assert _gauge(engines["decode"], "vllm:generation_tokens_total") - generated < 1000
 
 
 @pytest.mark.parametrize("handoff", ["pull", "push"])
@@ -159,38 +189,6 @@ def test_transferred_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer
         assert got["prefill-worker"]["layers_pushed"] >= handed * 30  # SmolLM2: 30 layers
         assert got["prefill-worker"]["pushes_failed"] == 0
     assert got["prefill-scheduler"]["held_requests"] >= 3
-
-
-def test_refused_and_abandoned_requests_leave_both_engines_empty(engine, tmp_path: Path) -> None:
-    proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none")
-    try:
-        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
-        r = _post(url, "/v1/completions", {"model": model, "prompt": "word " * 3000,
-                                           "max_tokens": 4})
-        assert r.status_code == 400 and "context limit" in r.json()["error"]["message"]
-        assert _gauge(engines["prefill"], "vllm:prompt_tokens_total") == 0  # nothing reached it
-        # A client that leaves mid-stream: decode aborts, and both engines' KV is free again.
-        prompt = engine.chat_prompt(builtin("sharegpt").head(1)[0] * 20)
-        with requests.post(f"{url}/v1/completions", stream=True, timeout=600, json={
-                "model": model, "prompt": prompt, "max_tokens": 1000, "ignore_eos": True,
-                "stream": True}) as r:
-            lines = r.iter_lines()
-            for _ in range(5):
-                next(lines)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            busy = [_gauge(u, "vllm:num_requests_running") + _gauge(u, "vllm:kv_cache_usage_perc")
-                    for u in engines.values()]
-            if busy == [0, 0]:
-                break
-            time.sleep(0.5)
-        assert busy == [0, 0]
-        stats = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
-        assert stats["rejected"] == 1 and stats["client_gone"] + stats["completed"] == 1
-        assert _gauge(engines["decode"], "vllm:generation_tokens_total") < 1000
-    finally:
-        _stop(proc)
 
 
 def test_a_killed_engine_is_restarted_and_its_requests_meanwhile_get_errors(

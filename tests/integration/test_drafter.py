@@ -5,7 +5,6 @@ inside vLLM and after the gate fails."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from loadwise.gate.engine import read_gate_state
 from loadwise.measure.profile import Profile
 from loadwise.measure.stats import AcceptanceCounter
 from loadwise.measure.workloads import builtin
+from loadwise.policy.table import DraftLengthTable
 
 from .conftest import CPU_BINDING
 
@@ -67,30 +67,35 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     assert json.loads((head / META_FILE).read_text()) == meta
 
     prompts = list(builtin("sharegpt").prompts[:4])
-    base = EngineSpec(model=model_dir, spec_method=None, max_num_seqs=4, kv_cache_space_gib=1,
-                      enforce_eager=True, cpu_binding=CpuBinding.parse(CPU_BINDING))
+    base = EngineSpec(model=model_dir, spec_method="eagle", max_k=3, draft_model=str(head),
+                      max_num_seqs=4, kv_cache_space_gib=1, enforce_eager=True,
+                      cpu_binding=CpuBinding.parse(CPU_BINDING))
     profile = costly_verification_profile(tmp_path / "profile.json", model_dir, 3)
-    eagle = dataclasses.replace(base, spec_method="eagle", max_k=3, draft_model=str(head))
     gate = DraftGateConfig(trim_profile=str(profile), state_file=str(tmp_path / "gate.json"))
     floor = DraftGateConfig(min_survival=0.3)  # no cost model: the floor alone cuts
     outputs = {}
     drafted = {}
     gates = {}
-    for name, spec, fail_after in (("off", base, None),
-                                   ("trim", eagle.with_extension(gate), None),
-                                   ("floor", eagle.with_extension(floor), None),
-                                   ("failed", eagle.with_extension(gate), 3)):
+    for name, cfg, fail_after in (("trim", gate, None), ("floor", floor, None),
+                                  ("failed", gate, 3)):
         if fail_after is not None:
             monkeypatch.setenv(envvars.GATE_FAIL_AFTER_OFFERS.name, str(fail_after))
-        engine = LocalEngine(spec)
+        engine = LocalEngine(base.with_extension(cfg))
         try:
-            n0 = engine.num_records()
-            outputs[name] = [c.token_ids for c in
-                             engine.generate([engine.chat_prompt(p) for p in prompts], 32)]
-            drafted[name] = sum(r.num_draft_tokens for r in engine.records_since(n0))
+            chats = [engine.chat_prompt(p) for p in prompts]
+            runs = [(name, None)]
+            if name == "failed":  # then the reference: the same engine with no drafts at all
+                runs.append(("off", DraftLengthTable.fixed(0, 3, 4)))
+            for run, table in runs:
+                if table is not None:
+                    engine.set_table(table)
+                n0 = engine.num_records()
+                outputs[run] = [c.token_ids for c in engine.generate(chats, 32)]
+                drafted[run] = sum(r.num_draft_tokens for r in engine.records_since(n0))
             gates[name] = engine.scheduler.loadwise_draft_gate
         finally:
             engine.shutdown()
+    assert drafted["off"] == 0
     # Trimming: the worker's features reached the scheduler, costly verification cut drafts,
     # the untrimmed exploration steps still drafted, and the estimator learned from them.
     trim = gates["trim"].gate

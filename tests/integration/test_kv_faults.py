@@ -1,6 +1,6 @@
 """Faults on a vLLM server with loadwise's KV store: the server is killed (SIGKILL, every
 process of it) during traffic, stored blocks are then torn and corrupted on disk, and a server
-restarted on the same store answers exactly as a server without the connector does, loading
+restarted on the same store answers exactly as the first server did with its store empty, loading
 only blocks that pass their checks."""
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ TOPICS = ("a lighthouse keeper", "a clockmaker's apprentice", "a river pilot",
 PROMPTS = [f"Write a detailed story about {t}. Describe the place, the people, the weather, "
            f"the sounds and the smells, and what changes over one long year for {t}. " * 7
            for t in TOPICS]
+# Other prompts for the traffic the kill interrupts: their blocks are new to the store.
+TRAFFIC = [p.replace("detailed story", "long poem") for p in PROMPTS]
 
 
-def _spec(model_dir: str, store: Path | None) -> EngineSpec:
+def _spec(model_dir: str, store: Path) -> EngineSpec:
     return EngineSpec(model=model_dir, spec_method=None, enforce_eager=True, max_num_seqs=8,
                       kv_cache_space_gib=1, cpu_binding=CpuBinding.parse(CPU_BINDING),
-                      extensions=(KvStoreConfig(str(store), 1.0),) if store else ())
+                      extensions=(KvStoreConfig(str(store), 1.0),))
 
 
 def _complete(url: str, model: str, prompt: str, max_tokens: int = 24) -> str:
@@ -49,14 +51,16 @@ def _stored(store: Path) -> list[Path]:
 def test_sigkill_during_traffic_then_injected_corruption_never_changes_an_answer(
         model_dir: str, tmp_path: Path) -> None:
     name = Path(model_dir).name
-    with ServerProcess(_spec(model_dir, None)) as ref:
-        reference = [_complete(ref.url, name, p) for p in PROMPTS]
-
     store = tmp_path / "store"
     server = ServerProcess(_spec(model_dir, store)).start(timeout_s=600)
     try:
+        # The reference: each prompt's first answer, computed whole (the store starts empty and
+        # vLLM's cache has never seen the prompt).
+        reference = [_complete(server.url, name, p) for p in PROMPTS]
+        written = len(_stored(store))
+
         def traffic() -> None:
-            for p in PROMPTS:  # errors are expected: the server dies under these requests
+            for p in TRAFFIC:  # errors are expected: the server dies under these requests
                 try:
                     _complete(server.url, name, p, max_tokens=200)
                 except requests.RequestException:
@@ -66,9 +70,9 @@ def test_sigkill_during_traffic_then_injected_corruption_never_changes_an_answer
         for c in clients:
             c.start()
         deadline = time.monotonic() + 300
-        while len(_stored(store)) < 6 and time.monotonic() < deadline:
+        while len(_stored(store)) < written + 3 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(_stored(store)) >= 6, "the store got no blocks under traffic"
+        assert len(_stored(store)) >= written + 3, "the store got no blocks under traffic"
         os.killpg(server.pgid, signal.SIGKILL)  # the API server, engine core and worker at once
         server.proc.wait(timeout=60)  # type: ignore[union-attr]
     finally:

