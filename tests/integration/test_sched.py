@@ -84,8 +84,12 @@ def _finish_order(out: dict[str, Any]) -> list[str]:
 def fcfs_race(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The race on vLLM's own first-come-first-served scheduler, without drafts: the order the
     ordering must change, and the tokens every policy must give."""
-    proc, url, _ = _start_serve(tmp_path_factory.mktemp("fcfs"), "--spec-method", "none",
-                                "--max-num-seqs", "1")
+    return _served_race(tmp_path_factory.mktemp("fcfs"), "--spec-method", "none")
+
+
+def _served_race(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    """The race on a server started with ``flags``, one request running at a time."""
+    proc, url, _ = _start_serve(tmp_path, "--max-num-seqs", "1", *flags)
     try:
         out = _race(url)
         time.sleep(1.0)
@@ -106,15 +110,8 @@ def test_a_short_request_finishes_first_under_srpt_and_last_under_fcfs(
     oracle = tmp_path / "oracle.json"
     OracleLengths({ids_key([0]): 100_000}).save(oracle)
     state = tmp_path / "state.json"
-    proc, url, _ = _start_serve(tmp_path, "--spec-method", spec_method, "--max-num-seqs", "1",
-                                "--schedule", "srpt", "--oracle-lengths", str(oracle),
-                                "--schedule-state", str(state))
-    try:
-        out = _race(url)
-        time.sleep(1.0)
-    finally:
-        log = _stop(proc)
-    assert len(out) == 4, log[-3000:]
+    out = _served_race(tmp_path, "--spec-method", spec_method, "--schedule", "srpt",
+                       "--oracle-lengths", str(oracle), "--schedule-state", str(state))
     assert _finish_order(fcfs_race)[-1] == "short", _finish_order(fcfs_race)
     assert _finish_order(out)[0] == "short", _finish_order(out)
     assert {k: v["token_ids"] for k, v in out.items()} == {
