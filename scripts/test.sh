@@ -22,8 +22,7 @@ LOADWISE_TEST_COMPILED=1 .venv/bin/python -m pytest -q --durations=8 tests/unit 
 # most of its half minute importing torch and vLLM in three processes on one core, so two
 # starts at a time take the time of one; the tests that need both cores (the binding sweep, P/D
 # on two engines, invariance at every core, tune's settings) run after them, alone.
-# Split so that the two take about as long (on the AVX2 EPYC: ~1,150 and ~1,225 s estimated
-# from each file's durations).
+# Split so that the two take about as long (924 and 1,046 s on an AVX2-only EPYC on 12-07).
 A=(tests/integration/test_quant.py tests/integration/test_serve.py tests/integration/test_kv_faults.py
    tests/integration/test_drafter.py)
 B=(tests/integration/test_sched.py tests/integration/test_kv_connector.py)

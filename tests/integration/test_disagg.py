@@ -118,8 +118,8 @@ def _wait_idle(engines: dict[str, str], timeout_s: float = 60.0) -> list[float]:
 def _refuse_and_leave(url: str, model: str, engine: object) -> None:
     """A prompt over the context limit is refused before it reaches prefill; a client that
     leaves mid-stream has decode abort, and both engines' KV is free again."""
-    engines = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]
     before = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
+    engines = before["engines"]
     prompt_tokens = _gauge(engines["prefill"], "vllm:prompt_tokens_total")
     generated = _gauge(engines["decode"], "vllm:generation_tokens_total")
     r = _post(url, "/v1/completions", {"model": model, "prompt": "word " * 3000,

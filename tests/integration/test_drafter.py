@@ -76,23 +76,24 @@ def test_a_tiny_trained_head_drafts_in_vllm_with_greedy_output_unchanged(
     outputs = {}
     drafted = {}
     gates = {}
+
+    def run(engine: LocalEngine, name: str) -> None:
+        n0 = engine.num_records()
+        outputs[name] = [c.token_ids for c in
+                         engine.generate([engine.chat_prompt(p) for p in prompts], 32)]
+        drafted[name] = sum(r.num_draft_tokens for r in engine.records_since(n0))
+
     for name, cfg, fail_after in (("trim", gate, None), ("floor", floor, None),
                                   ("failed", gate, 3)):
         if fail_after is not None:
             monkeypatch.setenv(envvars.GATE_FAIL_AFTER_OFFERS.name, str(fail_after))
         engine = LocalEngine(base.with_extension(cfg))
         try:
-            chats = [engine.chat_prompt(p) for p in prompts]
-            runs = [(name, None)]
-            if name == "failed":  # then the reference: the same engine with no drafts at all
-                runs.append(("off", DraftLengthTable.fixed(0, 3, 4)))
-            for run, table in runs:
-                if table is not None:
-                    engine.set_table(table)
-                n0 = engine.num_records()
-                outputs[run] = [c.token_ids for c in engine.generate(chats, 32)]
-                drafted[run] = sum(r.num_draft_tokens for r in engine.records_since(n0))
+            run(engine, name)
             gates[name] = engine.scheduler.loadwise_draft_gate
+            if name == "failed":  # then the reference: the same engine with no drafts at all
+                engine.set_table(DraftLengthTable.fixed(0, 3, 4))
+                run(engine, "off")
         finally:
             engine.shutdown()
     assert drafted["off"] == 0
