@@ -1,7 +1,8 @@
 """The test command CI runs (`.ci/run`: the lint stage, then `bash scripts/test.sh`) timed from a
 fresh clone (``fresh_clone``: empty pip, model and XDG caches), as CI runs it. Writes
 ``benchmarks/results/test-command-<time>.json``: the wall time, the exit status, each pytest
-stage's summary (counts and seconds) and the console's tail.
+stage's summary (counts and seconds), each of scripts/test.sh's jobs (its core, exit status and
+wall seconds) and the console's tail.
 
 Runs under any Python >= 3.11 without loadwise installed:
     PYTHONPATH=src python3 benchmarks/test_command.py [--warm-pip]
@@ -35,6 +36,16 @@ def parse_stages(text: str) -> list[dict[str, Any]]:
     return stages
 
 
+# scripts/test.sh's line per job: "test.sh: job servers-a on core 0: exit 0 in 912 s".
+JOB = re.compile(r"^test\.sh: job (\S+?)(?: on core (\d+))?: exit (\d+) in (\d+) s$", re.MULTILINE)
+
+
+def parse_jobs(text: str) -> list[dict[str, Any]]:
+    """Each test.sh job's name, core (None: both), exit status and seconds, as it ended (pure)."""
+    return [{"job": name, "core": int(core) if core else None, "exit": int(rc),
+             "seconds": int(sec)} for name, core, rc, sec in JOB.findall(text)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--warm-pip", action="store_true",
@@ -50,7 +61,8 @@ def main() -> int:
                                      "model_cache": "empty", "xdg_cache": "empty",
                                      "clone_of": made_by["git_sha"]},
                "returncode": run.returncode, "wall_s": run.wall_s,
-               "stages": parse_stages(run.console), "console_tail": run.console[-8000:]}
+               "stages": parse_stages(run.console), "jobs": parse_jobs(run.console),
+               "console_tail": run.console[-8000:]}
     write_result("test-command", payload)
     print(f"test command from a fresh clone: {run.wall_s} s wall, exit {run.returncode}")
     return 0 if run.returncode == 0 else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_command import parse_stages
+from test_command import parse_jobs, parse_stages
 from verdicts import FIGURES, NotApplicable
 
 CONSOLE = """All checks passed!
@@ -14,6 +14,9 @@ CONSOLE = """All checks passed!
 ..
 =================== 26 passed, 14 warnings in 1554.86s (0:25:54) ===================
 12 passed, 1 failed in 676.80s (0:11:16)
+test.sh: setup: exit 0 in 201 s
+test.sh: job servers-b on core 1: exit 0 in 1046 s
+test.sh: job disagg: exit 1 in 440 s
 """
 
 
@@ -23,6 +26,13 @@ def test_every_stage_is_read_with_its_counts_and_seconds() -> None:
         {"counts": {"passed": 26, "warnings": 14}, "seconds": 1554.86},
         {"counts": {"passed": 12, "failed": 1}, "seconds": 676.8}]
     assert parse_stages("no pytest here") == []
+
+
+def test_each_job_is_read_with_its_core_exit_status_and_seconds() -> None:
+    assert parse_jobs(CONSOLE) == [
+        {"job": "servers-b", "core": 1, "exit": 0, "seconds": 1046},
+        {"job": "disagg", "core": None, "exit": 1, "seconds": 440}]
+    assert parse_jobs("test.sh: job x: exit 0 in 5.5 s") == []
 
 
 def _result(code: int, isa: str) -> dict:

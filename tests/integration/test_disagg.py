@@ -4,6 +4,8 @@ engine on the other, KV handed over through loadwise's store, behind the proxy."
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -41,18 +43,23 @@ def _gauge(url: str, name: str) -> float:
     return sum(v for _, v in parse_samples(text).get(name, []))
 
 
-def test_disaggregated_requests_decode_as_one_engine_would_and_refused_or_left_ones_free_all(
+def test_disaggregated_requests_decode_as_one_engine_would_refused_left_or_killed_ones_recover(
         engine, tmp_path: Path) -> None:
-    """Requests decode on the prefill's stored blocks as one engine would; then, on the same
-    server, a refused request and one its client leaves mid-stream leave both engines empty."""
+    """A killed decode engine is restarted, and its requests meanwhile get errors; then, on the
+    restarted engine, requests decode on the prefill's stored blocks as one engine would, and a
+    refused request and one its client leaves mid-stream leave both engines empty."""
     store = tmp_path / "store"
     # Chat prompts of 2-6 blocks: the prefill stores their full blocks, decode loads them.
     prompts = [engine.chat_prompt(p * 20) for p in builtin("sharegpt").head(3)]
     tok = engine.llm.get_tokenizer()
     proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none",
-                                "--kv-store", str(store))
+                                "--kv-store", str(store), "--restart-dead-engines")
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        # The kill first: the decode counters below are the restarted engine's.
+        before, after = _kill_decode_and_wait(url, model)
+        assert after.status_code == 200, after.text
+        start = requests.get(f"{url}/loadwise/disagg", timeout=10).json()
         texts = _greedy_texts(url, model, prompts)
         # Streaming through the proxy: the same answer as without.
         chat = {"model": model, "messages": [{"role": "user", "content": "Name three rivers."}],
@@ -83,6 +90,8 @@ def test_disaggregated_requests_decode_as_one_engine_would_and_refused_or_left_o
     finally:
         log = _stop(proc)
     assert "stopping both engines" in log
+    assert after.json()["choices"][0]["text"] == before
+    assert "the decode engine exited" in log and "serving again" in log, log
     # Greedy output is one engine's (the in-process engine, no drafts).
     engine.set_table(DraftLengthTable.fixed(0, MAX_K, 16))
     assert texts == [c.text for c in engine.generate(prompts, max_tokens=32)]
@@ -91,7 +100,8 @@ def test_disaggregated_requests_decode_as_one_engine_would_and_refused_or_left_o
     ref = engine.llm.generate([{"prompt_token_ids": turn2}],
                               SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].text
     assert second == ref
-    assert stats["completed"] == 7 and stats["rejected"] == stats["no_transfer_params"] == 0
+    assert {k: stats[k] - start[k] for k in ("completed", "rejected", "no_transfer_params")} == {
+        "completed": 7, "rejected": 0, "no_transfer_params": 0}
     # Every full prompt block the prefill stored, decode found and loaded.
     got = read_stats(store)
     handed = sum((len(tok.encode(p)) - 1) // BLOCK for p in prompts)
@@ -142,6 +152,35 @@ def _refuse_and_leave(url: str, model: str, engine: object) -> None:
     assert _gauge(engines["decode"], "vllm:generation_tokens_total") - generated < 1000
 
 
+def _kill_decode_and_wait(url: str, model: str) -> tuple[str, requests.Response]:
+    """SIGKILL the decode engine's process group: a request meanwhile gets a clear error, not a
+    hang; returns a greedy answer from before the kill and the response once /health is back."""
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8,
+            "temperature": 0}
+    before = _post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    decode = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]["decode"]
+    port = decode.rsplit(":", 1)[1].encode()
+    pgids = set()
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and port in argv:
+            pgids.add(os.getpgid(int(d.name)))
+    assert len(pgids) == 1
+    os.killpg(pgids.pop(), signal.SIGKILL)
+    time.sleep(1.0)
+    r = _post(url, "/v1/completions", body)  # decode is down
+    assert r.status_code >= 500 and r.json()["error"]["message"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if requests.get(f"{url}/health", timeout=5).status_code == 200:
+            break  # 200 only once the restart is complete (logged before /health turns)
+        time.sleep(1)
+    return before, _post(url, "/v1/completions", body)
+
+
 @pytest.mark.parametrize("handoff", ["pull", "push"])
 def test_transferred_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer_leaks_nothing(
         engine, tmp_path: Path, handoff: str) -> None:
@@ -189,43 +228,3 @@ def test_transferred_blocks_decode_as_one_engine_would_and_an_abort_mid_transfer
         assert got["prefill-worker"]["layers_pushed"] >= handed * 30  # SmolLM2: 30 layers
         assert got["prefill-worker"]["pushes_failed"] == 0
     assert got["prefill-scheduler"]["held_requests"] >= 3
-
-
-def test_a_killed_engine_is_restarted_and_its_requests_meanwhile_get_errors(
-        tmp_path: Path) -> None:
-    import os
-    import signal
-
-    proc, url, _ = _start_serve(tmp_path, "--disagg", "--spec-method", "none",
-                                "--restart-dead-engines")
-    try:
-        model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8,
-                "temperature": 0}
-        before = _post(url, "/v1/completions", body).json()["choices"][0]["text"]
-        decode = requests.get(f"{url}/loadwise/disagg", timeout=10).json()["engines"]["decode"]
-        port = decode.rsplit(":", 1)[1].encode()
-        pgids = set()
-        for d in Path("/proc").iterdir():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"vllm.entrypoints.openai.api_server" in argv and port in argv:
-                pgids.add(os.getpgid(int(d.name)))
-        assert len(pgids) == 1
-        os.killpg(pgids.pop(), signal.SIGKILL)
-        time.sleep(1.0)
-        r = _post(url, "/v1/completions", body)  # decode is down: a clear error, not a hang
-        assert r.status_code >= 500 and r.json()["error"]["message"]
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                break  # 200 only once the restart is complete (logged before /health turns)
-            time.sleep(1)
-        after = _post(url, "/v1/completions", body)
-        assert after.status_code == 200, after.text
-    finally:
-        log = _stop(proc)
-    assert after.json()["choices"][0]["text"] == before
-    assert "the decode engine exited" in log and "serving again" in log, log
