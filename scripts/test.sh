@@ -46,8 +46,9 @@ job() {
     *) echo "test.sh: no job $1" >&2; return 2 ;;
   esac
 }
-# One-core jobs, longest first (seconds on an AVX2-only EPYC on 12-07: servers-b ~1,050,
-# servers-a ~920, adaptive ~310, unit and engine ~400 together, lint ~100).
+# One-core jobs, longest first (seconds from a fresh clone on an AVX2-only EPYC on 12-08:
+# servers-b 1,182, servers-a 999, adaptive 440, unit 363, engine 254, lint 130; then disagg
+# 973 beside cores 1,045: test-command-20261208-014606.json).
 ONE_CORE=(servers-b servers-a adaptive unit engine lint)
 # Of those, the ones without an engine run on either core (unit tests check bindings of both):
 # they hold a lane, not a core.

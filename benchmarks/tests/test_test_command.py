@@ -47,3 +47,9 @@ def test_a_failed_run_never_passes_in_time_and_the_isa_picks_the_runs() -> None:
     assert fig(_result(0, "AVX2"), isa="AVX2").samples == (2000.0,)
     with pytest.raises(NotApplicable):
         fig(_result(0, "AVX-512+BF16"), isa="AVX2")
+
+
+def test_the_read_out_names_each_job_and_its_exit_where_it_failed() -> None:
+    result = {**_result(1, "AVX2"), "jobs": parse_jobs(CONSOLE)}
+    note = FIGURES["test_command_wall_s"](result).detail
+    assert "jobs servers-b 1046 s, disagg 440 s (exit 1)" in note

@@ -83,6 +83,15 @@ def test_int_error_is_at_most_half_a_step(values: list[float], bits: int) -> Non
         assert len(torch.unique(q)) <= 2 ** bits
 
 
+def test_a_subnormal_range_gets_a_scale_not_nan() -> None:
+    x = torch.tensor([[0.0] * 7 + [1.401298464324817e-45]])  # the smallest subnormal
+    for symmetric in (True, False):
+        fmt = QuantFormat("int", 2, None, symmetric)
+        p = fit(grouped(x, None), fmt)
+        assert (p.scale > 0).all()
+        assert torch.isfinite(quantize_given(grouped(x, None), fmt, p)).all()
+
+
 def test_format_names_parse_back() -> None:
     for name in ("int4-channel", "int4-g128", "int8-channel-asym", "mxfp4", "nvfp4"):
         assert QuantFormat.parse(name).name == name

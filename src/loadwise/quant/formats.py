@@ -130,16 +130,21 @@ def fit(xg: torch.Tensor, fmt: QuantFormat, tensor_amax: torch.Tensor | None = N
     from the whole tensor; default the amax of ``xg``). ``clip`` (in (0, 1]) shrinks each
     group's range to that fraction of its extent (values beyond it saturate)."""
     if fmt.kind == "int":
+        # Floored at float32's smallest normal: a subnormal range divided by the levels would
+        # underflow the scale to 0 (and 0 / 0 to NaN).
+        tiny = torch.finfo(torch.float32).tiny
         if fmt.symmetric:
             qmax = 2 ** (fmt.bits - 1) - 1
             amax = xg.abs().amax(dim=-1, keepdim=True) * clip
-            return GroupParams(torch.where(amax > 0, amax / qmax, torch.ones_like(amax)))
+            return GroupParams(torch.where(amax > 0, (amax / qmax).clamp(min=tiny),
+                                           torch.ones_like(amax)))
         hi, lo = xg.amax(dim=-1, keepdim=True), xg.amin(dim=-1, keepdim=True)
         span = hi - lo
         if clip != 1.0:  # shrunk about the range's middle
             span = span * clip
             lo = (hi + lo) / 2 - span / 2
-        scale = torch.where(span > 0, span / (2 ** fmt.bits - 1), torch.ones_like(span))
+        scale = torch.where(span > 0, (span / (2 ** fmt.bits - 1)).clamp(min=tiny),
+                            torch.ones_like(span))
         return GroupParams(scale, lo)
     amax = xg.abs().amax(dim=-1, keepdim=True) * clip
     if fmt.kind == "mxfp4":
