@@ -47,8 +47,8 @@ job() {
   esac
 }
 # One-core jobs, longest first (seconds from a fresh clone on an AVX2-only EPYC on 12-08:
-# servers-b 1,182, servers-a 999, adaptive 440, unit 363, engine 254, lint 130; then disagg
-# 973 beside cores 1,045: test-command-20261208-014606.json).
+# servers-b 1,156, servers-a 957, adaptive 377, unit 393, engine 170, lint 104; then disagg 830
+# beside cores 854: test-command-20261208-024923.json).
 ONE_CORE=(servers-b servers-a adaptive unit engine lint)
 # Of those, the ones without an engine run on either core (unit tests check bindings of both):
 # they hold a lane, not a core.
