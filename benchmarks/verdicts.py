@@ -62,13 +62,14 @@ def test_command_wall_s(result: Result, isa: str | None = None) -> Figure:
     machine = need(result, "machine")
     if isa is not None and machine.get("isa") != isa:
         raise NotApplicable(f"measured on {machine.get('isa')}, not {isa}")
-    stages = "; ".join(", ".join(f"{n} {kind}" for kind, n in s["counts"].items()
-                                 if kind != "warnings") + f" in {s['seconds']:.0f} s"
-                       for s in result.get("stages", []))
     if result.get("jobs"):  # scripts/test.sh's jobs, each with its wall time
         stages = "jobs " + ", ".join(
             f"{j['job']} {j['seconds']} s" + ("" if j["exit"] == 0 else f" (exit {j['exit']})")
             for j in result["jobs"])
+    else:  # results from before the jobs: each pytest stage
+        stages = "; ".join(", ".join(f"{n} {kind}" for kind, n in s["counts"].items()
+                                     if kind != "warnings") + f" in {s['seconds']:.0f} s"
+                           for s in result.get("stages", []))
     code = need(result, "returncode")
     failed = "" if code == 0 else f"exit {code}; "
     return Figure((float(result["wall_s"]) if code == 0 else float("inf"),),

@@ -58,8 +58,9 @@ BOTH_CORES=(disagg cores)
 logs=$(mktemp -d)
 run() {  # name [core]: the job, its output to its log, its time and exit status to the summary
   local name=$1 core=${2:-} t0=$SECONDS rc=0
+  [[ $UNPINNED == *" $name "* ]] && core=""
   (
-    if [[ -n $core && $UNPINNED != *" $name "* ]]; then
+    if [[ -n $core ]]; then
       taskset -pc "$core" $BASHPID > /dev/null
       export LOADWISE_TEST_CPU_BINDING=$core
     fi
@@ -67,7 +68,6 @@ run() {  # name [core]: the job, its output to its log, its time and exit status
     export PYTEST_ADDOPTS="--basetemp=$logs/$name.tmp"
     job "$name"
   ) > "$logs/$name.log" 2>&1 || rc=$?
-  [[ $UNPINNED == *" $name "* ]] && core=""
   echo "test.sh: job $name${core:+ on core $core}: exit $rc in $((SECONDS - t0)) s" >> "$logs/summary"
   return $rc
 }
